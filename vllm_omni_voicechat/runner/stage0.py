@@ -1,0 +1,183 @@
+"""The Stage 0 runner: the 80 ms model clock.
+
+It numbers model positions, enforces the session position guard before every position (synthetic ones
+included), applies the pacing policy and measures each step. It never sleeps and never reads a clock: every
+method takes ``now`` (seconds on any monotonic timeline).
+
+Pacing policy:
+- real frames, typed-input audio, settlement, the EOU position and cancel tails are **unpaced**: due at once;
+- post-tool **recovery** positions keep a >= 80 ms cadence between starts;
+- **response silence** (a response is open, no real frame queued) is due on the 80 ms grid anchored at the
+  previous position, so a response finishes when the client stops streaming; after a real frame the first one
+  waits a half-frame grace so a client streaming in real time is not overtaken by synthetic positions.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..audio.frames import FRAME_SECONDS
+from ..model.port import PositionControls, PositionInput, StepResult
+
+DEFAULT_MAX_SESSION_MODEL_FRAMES = 12_000
+BUDGET_MS = 80.0
+
+
+class PositionKind(str, enum.Enum):
+    REAL = "real"
+    """A client microphone frame (pre-roll frames included)."""
+    COMMIT_PADDING = "commit_tail_padding"
+    """The zero-padded trailing partial frame of a commit."""
+    TYPED = "typed"
+    """A frame of synthesized typed-input audio."""
+    SETTLEMENT = "settlement"
+    """A zero-input position advancing the RNNT blank count to the fence."""
+    EOU = "eou"
+    """The separate zero-input EOU position (sessions with tools)."""
+    CANCEL_TAIL = "cancel_tail"
+    """A zero-input position draining a cancelled response to its acoustic terminal."""
+    RECOVERY = "recovery"
+    """A zero-input post-tool recovery position (>= 80 ms cadence)."""
+    RESPONSE_SILENCE = "response_silence"
+    """A zero-input position keeping an open response moving when no audio arrives."""
+    FINAL = "final"
+    """The last position on ``session.stop`` (flushes partial PCM)."""
+
+    @property
+    def synthetic(self) -> bool:
+        return self in _SYNTHETIC
+
+    @property
+    def paced(self) -> bool:
+        return self in (PositionKind.RECOVERY, PositionKind.RESPONSE_SILENCE)
+
+
+_SYNTHETIC = frozenset(
+    {
+        PositionKind.SETTLEMENT,
+        PositionKind.EOU,
+        PositionKind.CANCEL_TAIL,
+        PositionKind.RECOVERY,
+        PositionKind.RESPONSE_SILENCE,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A position the runner has begun: hand ``input`` to the model, then call :meth:`Stage0Runner.finish`."""
+
+    index: int
+    kind: PositionKind
+    input: PositionInput
+    transport_frame: int | None
+    due: float
+    started: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetrics:
+    frame: int
+    transport_frame: int | None
+    kind: PositionKind
+    inference_ms: float
+    server_step_ms: float
+    late_ms: float
+    budget_ms: float
+    over_budget: bool
+
+
+class PositionLimitReached(Exception):
+    def __init__(self, positions: int, limit: int) -> None:
+        super().__init__(f"session position limit reached: {positions} of {limit}")
+        self.positions = positions
+        self.limit = limit
+
+
+class Stage0Runner:
+    def __init__(
+        self,
+        *,
+        max_positions: int = DEFAULT_MAX_SESSION_MODEL_FRAMES,
+        frame_seconds: float = FRAME_SECONDS,
+        silence_grace: float | None = None,
+    ) -> None:
+        if max_positions < 1:
+            raise ValueError("max_positions must be >= 1")
+        self.max_positions = max_positions
+        self.frame_seconds = frame_seconds
+        self.silence_grace = frame_seconds / 2 if silence_grace is None else silence_grace
+        self.positions_run = 0
+        self.in_flight: Position | None = None
+        self._grid: float | None = None
+        self._last_kind: PositionKind | None = None
+        self._last_recovery_start: float | None = None
+
+    # --- pacing ---------------------------------------------------------------------------------------------
+
+    def due_at(self, kind: PositionKind, now: float) -> float:
+        """When a position of ``kind`` may start, given what ran before (``now`` when it may start at once)."""
+        if kind is PositionKind.RECOVERY:
+            if self._last_recovery_start is None:
+                return now
+            return max(now, self._last_recovery_start + self.frame_seconds)
+        if kind is PositionKind.RESPONSE_SILENCE:
+            if self._grid is None:
+                return now
+            grace = 0.0 if self._last_kind is PositionKind.RESPONSE_SILENCE else self.silence_grace
+            return self._grid + self.frame_seconds + grace
+        return now
+
+    # --- positions ------------------------------------------------------------------------------------------
+
+    def check_guard(self) -> None:
+        if self.positions_run >= self.max_positions:
+            raise PositionLimitReached(self.positions_run, self.max_positions)
+
+    def begin(
+        self,
+        kind: PositionKind,
+        pcm: bytes,
+        controls: PositionControls,
+        transport_frame: int | None,
+        now: float,
+        due: float | None = None,
+    ) -> Position:
+        """Start one position; raises :class:`PositionLimitReached` instead when the guard is hit."""
+        if self.in_flight is not None:
+            raise RuntimeError("a position is already in flight")
+        self.check_guard()
+        due = now if due is None else due
+        position = Position(
+            index=self.positions_run,
+            kind=kind,
+            input=PositionInput(pcm=pcm, controls=controls, synthetic=kind.synthetic),
+            transport_frame=transport_frame,
+            due=due,
+            started=now,
+        )
+        self.positions_run += 1
+        self.in_flight = position
+        # Silence stays on its own grid (no drift); any other position re-anchors the grid where it starts.
+        self._grid = due if kind is PositionKind.RESPONSE_SILENCE else now
+        self._last_kind = kind
+        if kind is PositionKind.RECOVERY:
+            self._last_recovery_start = now
+        return position
+
+    def finish(self, position: Position, result: StepResult | None, now: float) -> StepMetrics:
+        if self.in_flight is not position:
+            raise RuntimeError("finish() for a position that is not in flight")
+        self.in_flight = None
+        step_ms = (now - position.started) * 1000.0
+        return StepMetrics(
+            frame=position.index,
+            transport_frame=position.transport_frame,
+            kind=position.kind,
+            inference_ms=result.timings.inference_ms if result is not None else 0.0,
+            server_step_ms=step_ms,
+            late_ms=max(0.0, (position.started - position.due) * 1000.0),
+            budget_ms=BUDGET_MS,
+            over_budget=step_ms > BUDGET_MS,
+        )

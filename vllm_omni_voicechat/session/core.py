@@ -1,0 +1,779 @@
+"""The voicechat session core: a sans-I/O state machine over the Stage 0 runner.
+
+Inputs: client commands (``receive``), model step results (``complete`` / ``fail``), shell completions
+(``prefilled``, ``synthesis_done`` ...) and clock ticks (``poll``), each with an injected ``now``. Outputs: an
+ordered list of native events and effects. The shell loop is::
+
+    tick = core.poll(now)            # outputs, maybe a position to run, maybe a wake-up time
+    result = model.step(tick.position.input)           # off the event loop
+    outputs = core.complete(tick.position, result, now)
+
+Client barriers are ordered with the audio around them in one work queue; each queue item runs as a procedure
+(a generator that yields position plans and receives their step results), so multi-position sequences such as
+cancel tail -> turn start, or settlement -> fused EOU/BOS, read top to bottom.
+"""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections import deque
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..audio.frames import INPUT_FRAME_BYTES, SILENT_INPUT_FRAME, FrameAssembler
+from ..model.port import (
+    NO_CONTROLS,
+    AgentControl,
+    PositionControls,
+    SessionPrompt,
+    StepResult,
+)
+from ..runner.stage0 import (
+    DEFAULT_MAX_SESSION_MODEL_FRAMES,
+    Position,
+    PositionKind,
+    PositionLimitReached,
+    Stage0Runner,
+    StepMetrics,
+)
+from .commands import AppendAudio, Command, CommitTurn, Configure, RequestTypedInput, StartTurn, Stop
+from .events import (
+    AbortModel,
+    AudioDelta,
+    AudioDone,
+    CancelSynthesis,
+    Error,
+    NativeEvent,
+    Output,
+    PositionMetrics,
+    Prefill,
+    ResponseCreated,
+    ResponseDone,
+    SessionClosed,
+    SessionConfigured,
+    SpeechStarted,
+    SpeechStopped,
+    StartSynthesis,
+    TextDelta,
+    TextDone,
+    TranscriptCompleted,
+    TranscriptDelta,
+    TurnCommitted,
+    TurnStarted,
+    TypedAccepted,
+    TypedInjectionFinished,
+    TypedInjectionStarted,
+    TypedRejected,
+)
+from .gate import InputGate, MicFrame
+from .settlement import DEFAULT_FENCE, Settlement, bos_contract_failure
+from .turns import TurnLedger
+from .typed import TypedJob, rejection_reason
+
+CANCEL_TAIL_MAX_POSITIONS = 27  # max_tail_frames (25) + 2
+MAX_QUEUED_TYPED_REQUESTS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    session_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    settlement_blank_frames: int = DEFAULT_FENCE
+    max_session_model_frames: int = DEFAULT_MAX_SESSION_MODEL_FRAMES
+    cancel_tail_max_positions: int = CANCEL_TAIL_MAX_POSITIONS
+    gate_threshold_dbfs: float = -40.0
+    gate_open_after: int = 3
+    preroll_frames: int = 12
+    onset_context_frames: int = 2
+    typed_input_ready: bool = True
+    frame_seconds: float = 0.08
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """What ``poll`` decided: outputs to dispatch, a position to run now, or when to poll again."""
+
+    outputs: list[Output]
+    position: Position | None = None
+    wake_at: float | None = None
+
+
+@dataclass(slots=True)
+class _Plan:
+    kind: PositionKind
+    pcm: bytes = SILENT_INPUT_FRAME
+    controls: PositionControls = NO_CONTROLS
+    transport_frame: int | None = None
+
+
+@dataclass(slots=True)
+class _InputTurn:
+    turn_id: str
+    source: str
+    job_id: str | None
+    transcript: str = ""
+
+
+@dataclass(slots=True)
+class _Response:
+    turn_id: str
+    response_id: str
+    text: str = ""
+    audio_sent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    kind: str  # frame | padding | start | commit | reack | typed | stop
+    payload: Any = None
+
+
+Procedure = Generator[_Plan, StepResult, None]
+
+
+class SessionCore:
+    def __init__(self, config: SessionConfig | None = None) -> None:
+        self.config = config = config or SessionConfig()
+        self.session_id = config.session_id
+        self.runner = Stage0Runner(
+            max_positions=config.max_session_model_frames, frame_seconds=config.frame_seconds
+        )
+        self.gate = InputGate(
+            threshold_dbfs=config.gate_threshold_dbfs,
+            open_after=config.gate_open_after,
+            preroll_frames=config.preroll_frames,
+            onset_context=config.onset_context_frames,
+        )
+        self.turns = TurnLedger()
+        self._assembler = FrameAssembler(INPUT_FRAME_BYTES)
+        self._transport_frames = 0
+        self._queue: deque[_Item] = deque()
+        self._proc: Procedure | None = None
+        self._plan: _Plan | None = None
+        self._out: list[Output] = []
+        self.closed = False
+        # configuration
+        self.prompt: SessionPrompt | None = None
+        self._pending_config: Configure | None = None
+        self._settings_locked = False
+        self._model_started = False
+        # turns and responses
+        self._turn_seq = 0
+        self._response_seq = 0
+        self._input_turn: _InputTurn | None = None
+        self._pending_transcript = ""
+        self.response: _Response | None = None
+        self.blank_count = 0
+        # typed input
+        self._used_job_ids: set[str] = set()
+        self._typed: TypedJob | None = None
+        self._typed_waiting: deque[RequestTypedInput] = deque()
+
+    # ================================================================ public API
+
+    @property
+    def configured(self) -> bool:
+        return self.prompt is not None
+
+    @property
+    def settings_locked(self) -> bool:
+        return self._settings_locked or self.runner.positions_run > 0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, in flight or open: the model is merely listening."""
+        return (
+            not self._queue
+            and self._proc is None
+            and self.runner.in_flight is None
+            and self.response is None
+            and self._typed is None
+        )
+
+    def receive(self, command: Command, now: float) -> list[Output]:
+        if self.closed:
+            return []
+        match command:
+            case AppendAudio():
+                self._on_append(command)
+            case StartTurn():
+                self._on_start(command)
+            case CommitTurn():
+                self._on_commit(command)
+            case RequestTypedInput():
+                self._on_typed_request(command)
+            case Configure():
+                self._on_configure(command)
+            case Stop():
+                self._on_stop(command)
+            case _:
+                raise TypeError(f"unknown command {command!r}")
+        return self._drain()
+
+    def poll(self, now: float) -> Tick:
+        """Advance the session: start the next due position, if any."""
+        while not self.closed and self.runner.in_flight is None and self._pending_config is None:
+            if self._plan is None and not self._advance():
+                plan = self._idle_plan()
+                if plan is None:
+                    break
+                self._plan = plan
+            plan = self._plan
+            assert plan is not None
+            due = self.runner.due_at(plan.kind, now)
+            if due > now:
+                return Tick(self._drain(), wake_at=due)
+            try:
+                position = self.runner.begin(plan.kind, plan.pcm, plan.controls, plan.transport_frame, now, due)
+            except PositionLimitReached as limit:
+                self._fatal_position_limit(limit)
+                break
+            self._model_started = True
+            return Tick(self._drain(), position=position)
+        return Tick(self._drain())
+
+    def complete(self, position: Position, result: StepResult, now: float) -> list[Output]:
+        """Deliver a finished position's result."""
+        metrics = self.runner.finish(position, result, now)
+        plan, self._plan = self._plan, None
+        if self.closed:
+            return self._drain()
+        self._metrics = metrics
+        proc = self._proc
+        if proc is not None:
+            try:
+                self._plan = proc.send(result)
+            except StopIteration:
+                if self._proc is proc:
+                    self._proc = None
+            if self.closed:
+                self._plan = None
+        else:
+            assert plan is not None and plan.kind is PositionKind.RESPONSE_SILENCE
+            self._publish(result)
+        return self._drain()
+
+    def fail(self, position: Position, error: BaseException, now: float) -> list[Output]:
+        """The model raised on ``position``: the session is over."""
+        self.runner.finish(position, None, now)
+        self._plan = None
+        if not self.closed:
+            typed = self._typed
+            if typed is not None and typed.mutated:
+                self._fatal("typed_input_failed", f"typed input injection failed: {error}", details={"job_id": typed.job_id})
+            else:
+                self._fatal("internal_error", f"model failure: {error}", closed=("failed", "internal_error"))
+        return self._drain()
+
+    def prefilled(self, now: float) -> list[Output]:
+        cfg, self._pending_config = self._pending_config, None
+        if cfg is None or self.closed:
+            return self._drain()
+        self.prompt = cfg.prompt
+        self._emit(SessionConfigured(cfg.prompt, cfg.client_event_id, restarted=True))
+        return self._drain()
+
+    def prefill_failed(self, error: BaseException, now: float) -> list[Output]:
+        self._pending_config = None
+        if not self.closed:
+            self._fatal("internal_error", f"model prefill failed: {error}", closed=("failed", "internal_error"))
+        return self._drain()
+
+    def synthesis_done(self, job_id: str, pcm16: bytes, now: float) -> list[Output]:
+        job = self._typed
+        if self.closed or job is None or job.job_id != job_id or job.state != "synthesizing":
+            return []
+        if not pcm16 or len(pcm16) % 2:
+            return self.synthesis_failed(job_id, ValueError("synthesizer returned no whole PCM16 samples"), now)
+        job.pcm = pcm16
+        job.state = "ready"
+        return self._drain()
+
+    def synthesis_failed(self, job_id: str, error: BaseException, now: float) -> list[Output]:
+        job = self._typed
+        if self.closed or job is None or job.job_id != job_id or job.mutated:
+            return []
+        self._queue = deque(i for i in self._queue if i.payload is not job)
+        self._emit(Error("typed_input_failed", f"typed input synthesis failed: {error}", False, job_id))
+        self._finish_typed(job, "error")
+        return self._drain()
+
+    def disconnect(self, now: float) -> list[Output]:
+        """The transport went away: tear down silently (the outputs hold only effects)."""
+        if self.closed:
+            return []
+        self.closed = True
+        out: list[Output] = []
+        if self._typed is not None and not self._typed.mutated:
+            out.append(CancelSynthesis(self._typed.job_id))
+        if self._model_started or self._pending_config is not None:
+            out.append(AbortModel())
+        self._reset_work()
+        self._out.clear()
+        return out
+
+    # ================================================================ receipt of client commands
+
+    def _on_configure(self, cmd: Configure) -> None:
+        if self.settings_locked or self._turn_or_job_active():
+            self._emit(Error("settings_locked", "session settings are locked after the first model input", False, cmd.client_event_id))
+            return
+        if self.prompt is not None and cmd.prompt == self.prompt and self._pending_config is None:
+            self._emit(SessionConfigured(cmd.prompt, cmd.client_event_id, restarted=False))
+            return
+        self._pending_config = cmd
+        self._emit(Prefill(cmd.prompt))
+
+    def _turn_or_job_active(self) -> bool:
+        return self.turns.turn_open or self._typed is not None
+
+    def _on_append(self, cmd: AppendAudio) -> None:
+        if not self.configured:
+            self._emit(Error("session_not_configured", "send session.update before audio", False, cmd.client_event_id))
+            return
+        if self._typed is not None:
+            return  # server-side half duplex while a typed job runs
+        for pcm in self._assembler.push(cmd.pcm):
+            frame = self.gate.classify(pcm, self._transport_frames)
+            self._transport_frames += 1
+            released = self.gate.offer(frame)
+            if released is None:
+                self._emit_idle_metrics(frame)
+            else:
+                self._queue.extend(_Item("frame", f) for f in released)
+
+    def _on_start(self, cmd: StartTurn) -> None:
+        verdict = self.turns.check_start(cmd.client_turn_id, typed_active=self._typed is not None)
+        if verdict.action == "reack":
+            self._queue.append(_Item("reack", TurnStarted(verdict.turn_id, cmd.client_turn_id, cmd.client_event_id)))
+            return
+        if verdict.action == "conflict":
+            self._fatal("input_turn_conflict", verdict.message, client_event_id=cmd.client_event_id, details=verdict.details)
+            return
+        if not self.configured:
+            self._emit(Error("session_not_configured", "send session.update before turn_start", False, cmd.client_event_id))
+            return
+        turn_id = self._new_turn_id()
+        self.turns.start(cmd.client_turn_id, turn_id)
+        self._settings_locked = True
+        self._queue.append(_Item("start", (cmd, turn_id)))
+        self._queue.extend(_Item("frame", f) for f in self.gate.force_open())
+
+    def _on_commit(self, cmd: CommitTurn) -> None:
+        verdict = self.turns.check_commit(cmd.client_turn_id)
+        if verdict.action == "reack":
+            self._queue.append(_Item("reack", TurnCommitted(verdict.turn_id, cmd.client_turn_id, cmd.client_event_id)))
+            return
+        if verdict.action == "conflict":
+            self._fatal("input_turn_conflict", verdict.message, client_event_id=cmd.client_event_id, details=verdict.details)
+            return
+        turn_id = self.turns.commit(cmd.client_turn_id)
+        tail = self._assembler.pad()
+        if tail is not None:
+            self._queue.append(_Item("padding", (tail, self._transport_frames)))
+            self._transport_frames += 1
+        self._queue.append(_Item("commit", (cmd, turn_id)))
+
+    def _on_typed_request(self, cmd: RequestTypedInput) -> None:
+        reason = rejection_reason(
+            cmd.job_id,
+            cmd.text,
+            configured=self.configured,
+            synthesizer_ready=self.config.typed_input_ready,
+            mic_turn_open=self.turns.turn_open,
+            function_cycle_open=False,  # function cycles: see the function-call issue
+            used_job_ids=self._used_job_ids | {r.job_id for r in self._typed_waiting},  # type: ignore[misc]
+        )
+        if reason is not None:
+            self._emit(TypedRejected(cmd.job_id, reason))
+            return
+        job = self._typed
+        if job is not None and not self._typed_started(job):
+            # Replacement: cancel -> close -> start, before the old job touched the model.
+            self._queue = deque(i for i in self._queue if i.payload is not job)
+            if job.state == "synthesizing":
+                self._emit(CancelSynthesis(job.job_id))
+            self._finish_typed(job, "replaced")
+        elif job is not None:
+            if len(self._typed_waiting) >= MAX_QUEUED_TYPED_REQUESTS:
+                self._emit(TypedRejected(cmd.job_id, "typed_input_unavailable"))
+                return
+            self._typed_waiting.append(cmd)
+            return
+        self._accept_typed(cmd)
+
+    def _accept_typed(self, cmd: RequestTypedInput) -> None:
+        assert isinstance(cmd.job_id, str) and isinstance(cmd.text, str)
+        job = TypedJob(cmd.job_id, cmd.text)
+        self._used_job_ids.add(job.job_id)
+        self._typed = job
+        self._settings_locked = True
+        self._assembler.discard()
+        self.gate.clear()
+        self._emit(TypedAccepted(job.job_id))
+        self._emit(StartSynthesis(job.job_id, job.text))
+        self._queue.append(_Item("typed", job))
+
+    def _typed_started(self, job: TypedJob) -> bool:
+        return job.mutated or job.turn_id is not None
+
+    def _on_stop(self, cmd: Stop) -> None:
+        while self._typed_waiting:
+            self._emit(TypedRejected(self._typed_waiting.popleft().job_id, "typed_input_unavailable"))
+        job = self._typed
+        if job is not None and not self._typed_started(job):
+            self._queue = deque(i for i in self._queue if i.payload is not job)
+            if job.state == "synthesizing":
+                self._emit(CancelSynthesis(job.job_id))
+            self._finish_typed(job, "cancelled")
+        self._queue.append(_Item("stop", cmd))
+
+    # ================================================================ scheduling
+
+    def _advance(self) -> bool:
+        """Make ``self._plan`` the next plan of the current or next procedure; False when nothing is runnable."""
+        while not self.closed:
+            if self._proc is None:
+                self._proc = self._next_procedure()
+                if self._proc is None:
+                    return False
+            try:
+                self._plan = next(self._proc)
+                return True
+            except StopIteration:
+                self._proc = None
+        return False
+
+    def _next_procedure(self) -> Procedure | None:
+        while self._queue:
+            item = self._queue[0]
+            if item.kind == "typed" and item.payload.state == "synthesizing":
+                return None  # blocked until synthesis is ready; an open response keeps moving meanwhile
+            self._queue.popleft()
+            match item.kind:
+                case "frame":
+                    return self._frame_proc(PositionKind.REAL, item.payload.pcm, item.payload.transport_frame)
+                case "padding":
+                    return self._frame_proc(PositionKind.COMMIT_PADDING, *item.payload)
+                case "reack":
+                    self._emit(item.payload)
+                case "start":
+                    return self._start_proc(*item.payload)
+                case "commit":
+                    return self._commit_proc(*item.payload)
+                case "typed":
+                    return self._typed_proc(item.payload)
+                case "stop":
+                    return self._stop_proc()
+        return None
+
+    def _idle_plan(self) -> _Plan | None:
+        if self.response is not None:
+            return _Plan(PositionKind.RESPONSE_SILENCE)
+        return None
+
+    # ================================================================ procedures
+
+    def _frame_proc(self, kind: PositionKind, pcm: bytes, transport_frame: int | None) -> Procedure:
+        result = yield _Plan(kind, pcm, NO_CONTROLS, transport_frame)
+        self._publish(result)
+
+    def _start_proc(self, cmd: StartTurn, turn_id: str) -> Procedure:
+        if self.response is not None:
+            yield from self._cancel_tail("client_vad")
+            if self.closed:
+                return
+        turn = self._open_input_turn(turn_id, "microphone", None, cmd.client_turn_id)
+        self._emit(TurnStarted(turn_id, cmd.client_turn_id, cmd.client_event_id))
+        if turn.transcript:
+            self._emit(TranscriptDelta(turn_id, turn.transcript, turn.transcript, "microphone", None))
+
+    def _commit_proc(self, cmd: CommitTurn, turn_id: str) -> Procedure:
+        if self.response is not None:
+            # The model self-started during the user turn: drain it before settling (§6.6).
+            yield from self._cancel_tail("pre_eou_activity_recovery:commit")
+            if self.closed:
+                return
+        ack = TurnCommitted(turn_id, cmd.client_turn_id, cmd.client_event_id)
+        yield from self._settle_and_eou(ack)
+
+    def _typed_proc(self, job: TypedJob) -> Procedure:
+        job.turn_id = self._new_turn_id()
+        if self.response is not None:
+            yield from self._cancel_tail("typed_input")
+            if self.closed:
+                return
+        frames = FrameAssembler(INPUT_FRAME_BYTES)
+        pcm_frames = frames.push(job.pcm)
+        tail = frames.pad()
+        if tail is not None:
+            pcm_frames.append(tail)
+        for i, pcm in enumerate(pcm_frames):
+            if i == 0:
+                # The commit point: emitted immediately before the first model mutation.
+                job.state = "mutated"
+                self._emit(TypedInjectionStarted(job.job_id))
+                self._open_input_turn(job.turn_id, "typed", job.job_id, job.job_id)
+            result = yield _Plan(PositionKind.TYPED, pcm)
+            self._publish(result)
+        yield from self._settle_and_eou(None)
+        if self.closed:
+            return
+        self._finish_typed(job, "completed")
+
+    def _stop_proc(self) -> Procedure:
+        tail = self._assembler.pad()
+        if tail is not None and self._model_started:
+            result = yield _Plan(PositionKind.FINAL, tail)
+            self._publish(result)
+            if self.closed:
+                return
+        elif not self._model_started and self.configured:
+            self._emit(AbortModel())
+        self._close_brackets("completed", "client_stop")
+        self._emit(SessionClosed("completed", "client_stop"))
+        self.closed = True
+        self._reset_work()
+
+    def _cancel_tail(self, reason: str) -> Procedure:
+        """Drive the open response to its acoustic terminal with output suppressed, then close it cancelled."""
+        response = self.response
+        assert response is not None
+        controls = PositionControls(agent_eos=True)
+        for _ in range(self.config.cancel_tail_max_positions):
+            result = yield _Plan(PositionKind.CANCEL_TAIL, SILENT_INPUT_FRAME, controls)
+            controls = NO_CONTROLS
+            self._publish(result, suppress=True)
+            if self.closed:
+                return
+            if self.response is None:  # the model reached its terminal on its own
+                return
+            if result.boundary.ended or result.boundary.phase.value in ("idle", "complete"):
+                self._close_response("cancelled", reason)
+                return
+        self._fatal(
+            "response_cancel_timeout",
+            f"response did not reach its acoustic terminal within {self.config.cancel_tail_max_positions} positions",
+            details={"response_id": response.response_id, "turn_id": response.turn_id},
+        )
+
+    def _settle_and_eou(self, ack: TurnCommitted | None) -> Procedure:
+        """Settle to the RNNT fence, then the explicit EOU: fused into the fence position without tools."""
+        turn = self._input_turn
+        assert turn is not None
+        fused = not (self.prompt and self.prompt.tools)
+        settlement = Settlement(fence=self.config.settlement_blank_frames, fused=fused, blank_count=self.blank_count)
+        while not (not fused and settlement.fence_met):
+            controls = settlement.next_controls()
+            result = yield _Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, controls)
+            outcome = settlement.on_result(result, controls)
+            if outcome.kind == "fatal":
+                self._fatal(
+                    outcome.code,
+                    outcome.message,
+                    details={"settlement": outcome.details, "source": turn.source, "job_id": turn.job_id},
+                )
+                return
+            if outcome.kind == "fused_terminal":
+                self._publish(result, ack=ack, close_turn=True)
+                return
+            self._publish(result)
+            if outcome.kind == "fence_reached":
+                break
+        # Separate EOU (tools): commit after settlement, then one EOU position so the function guard covers it.
+        if ack is not None:
+            self._emit(ack)
+        self._close_input_turn()
+        result = yield _Plan(PositionKind.EOU, SILENT_INPUT_FRAME, PositionControls(eou_now=True))
+        failure = bos_contract_failure(result)
+        if failure is not None:
+            # A function cycle opened by the EOU position defers BOS: see the function-call issue.
+            self._fatal("separate_eou_contract_failure", failure, details={"source": turn.source, "job_id": turn.job_id})
+            return
+        self._publish(result, eou_turn_id=turn.turn_id)
+
+    # ================================================================ publication
+
+    def _publish(
+        self,
+        result: StepResult,
+        *,
+        ack: TurnCommitted | None = None,
+        close_turn: bool = False,
+        suppress: bool = False,
+        eou_turn_id: str | None = None,
+    ) -> None:
+        """Publish one position's events in contract order; then its metrics."""
+        self.blank_count = result.rnnt.blank_count
+        if ack is not None:
+            self._emit(ack)
+        delta = result.rnnt.text_delta
+        if delta:
+            turn = self._input_turn
+            if turn is None:
+                self._pending_transcript += delta  # RNNT evidence never opens a turn
+            else:
+                turn.transcript += delta
+                self._emit(TranscriptDelta(turn.turn_id, delta, turn.transcript, turn.source, turn.job_id))  # type: ignore[arg-type]
+        if close_turn:
+            eou_turn_id = self._close_input_turn()
+        agent = result.agent
+        if agent.control is AgentControl.AGENT_BOS and self.response is None:
+            turn_id = eou_turn_id or self._new_turn_id()
+            self._response_seq += 1
+            self.response = _Response(turn_id, f"response_{self.session_id}_{self._response_seq}")
+            self._emit(ResponseCreated(turn_id, self.response.response_id))
+        response = self.response
+        if response is not None and not suppress:
+            if agent.delta:
+                response.text += agent.delta
+                self._emit(TextDelta(response.turn_id, response.response_id, agent.delta, response.text))
+            if result.audio:
+                response.audio_sent = True
+                self._emit(AudioDelta(response.turn_id, response.response_id, result.audio))
+            if result.boundary.ended:
+                self._close_response("completed", result.boundary.reason or "model_or_turn_taking")
+        self._emit_metrics(result, delivered=response is not None and not suppress)
+
+    def _emit_metrics(self, result: StepResult, delivered: bool) -> None:
+        m: StepMetrics = self._metrics
+        response = self.response
+        self._emit(
+            PositionMetrics(
+                frame=m.frame,
+                transport_frame=m.transport_frame,
+                kind=m.kind.value,
+                inference_ms=round(m.inference_ms, 3),
+                server_step_ms=round(m.server_step_ms, 3),
+                budget_ms=m.budget_ms,
+                over_budget=m.over_budget,
+                input_audio=not m.kind.synthetic,
+                output_audio=bool(result.audio),
+                audio_delivered=delivered and bool(result.audio),
+                turn_id=self._input_turn.turn_id if self._input_turn else (response.turn_id if response else None),
+                response_id=response.response_id if response else None,
+                turn_state={
+                    "open_client_turn_id": self.turns.open_client_turn_id,
+                    "blank_count": result.rnnt.blank_count,
+                    "agent_control": result.agent.control.value,
+                    "boundary": result.boundary.phase.value,
+                    "late_ms": round(m.late_ms, 3),
+                },
+            )
+        )
+
+    def _emit_idle_metrics(self, frame: MicFrame) -> None:
+        self._emit(
+            PositionMetrics(
+                frame=None,
+                transport_frame=frame.transport_frame,
+                kind="gated",
+                inference_ms=0.0,
+                server_step_ms=0.0,
+                budget_ms=80.0,
+                over_budget=False,
+                input_audio=True,
+                output_audio=False,
+                audio_delivered=False,
+                turn_id=None,
+                response_id=None,
+                turn_state={"gate": "closed", "preroll_frames": self.gate.held},
+            )
+        )
+
+    # ================================================================ turn, response and job bookkeeping
+
+    def _new_turn_id(self) -> str:
+        self._turn_seq += 1
+        return f"turn_{self.session_id}_{self._turn_seq}"
+
+    def _open_input_turn(self, turn_id: str, source: str, job_id: str | None, correlation: int | str) -> _InputTurn:
+        turn = _InputTurn(turn_id, source, job_id, self._pending_transcript)
+        self._pending_transcript = ""
+        self._input_turn = turn
+        self._emit(SpeechStarted(turn_id, source, job_id, correlation))  # type: ignore[arg-type]
+        return turn
+
+    def _close_input_turn(self) -> str | None:
+        turn, self._input_turn = self._input_turn, None
+        if turn is None:
+            return None
+        self._emit(SpeechStopped(turn.turn_id, turn.source, turn.job_id))  # type: ignore[arg-type]
+        self._emit(TranscriptCompleted(turn.turn_id, turn.transcript, turn.source, turn.job_id))  # type: ignore[arg-type]
+        return turn.turn_id
+
+    def _close_response(self, status: str, reason: str) -> None:
+        response, self.response = self.response, None
+        if response is None:
+            return
+        self._emit(TextDone(response.turn_id, response.response_id, response.text))
+        self._emit(AudioDone(response.turn_id, response.response_id, not response.audio_sent))
+        self._emit(ResponseDone(response.turn_id, response.response_id, status, reason))  # type: ignore[arg-type]
+
+    def _close_brackets(self, response_status: str, reason: str) -> None:
+        self._close_input_turn()
+        self._close_response(response_status, reason)
+
+    def _finish_typed(self, job: TypedJob, disposition: str) -> None:
+        job.state = "done"
+        if self._typed is job:
+            self._typed = None  # readiness barrier: cleared before injection_finished is sent
+        self._emit(TypedInjectionFinished(job.job_id, disposition))  # type: ignore[arg-type]
+        while self._typed is None and self._typed_waiting and not self.closed:
+            self._on_typed_request(self._typed_waiting.popleft())
+
+    # ================================================================ fatal paths
+
+    def _fatal(
+        self,
+        code: str,
+        message: str,
+        *,
+        client_event_id: str | None = None,
+        details: dict | None = None,
+        closed: tuple[str, str] | None = None,
+        brackets: str | None = None,
+    ) -> None:
+        """Abort the model, publish the fatal error (and brackets / session.closed where the contract says)."""
+        if self.closed:
+            return
+        if self._model_started or self._pending_config is not None or self.configured:
+            self._emit(AbortModel())
+        self._emit(Error(code, message, True, client_event_id, details or {}))
+        if brackets is not None:
+            self._close_brackets("failed", brackets)
+        if closed is not None:
+            self._emit(SessionClosed(closed[0], closed[1]))  # type: ignore[arg-type]
+        self.closed = True
+        self._reset_work()
+
+    def _fatal_position_limit(self, limit: PositionLimitReached) -> None:
+        self._fatal(
+            "session_position_limit",
+            f"session reached {limit.limit} model positions",
+            details={"model_frames": limit.positions, "max_model_frames": limit.limit},
+            brackets="session_position_limit",
+            closed=("failed", "session_position_limit"),
+        )
+
+    def _reset_work(self) -> None:
+        self._queue.clear()
+        proc, self._proc = self._proc, None
+        if proc is not None and inspect.getgeneratorstate(proc) != inspect.GEN_RUNNING:
+            proc.close()
+        self._plan = None
+        self._typed_waiting.clear()
+
+    # ================================================================ outputs
+
+    def _emit(self, output: Output) -> None:
+        self._out.append(output)
+
+    def _drain(self) -> list[Output]:
+        out, self._out = self._out, []
+        return out
+
+
+def events_only(outputs: list[Output]) -> list[NativeEvent]:
+    return [o for o in outputs if isinstance(o, NativeEvent)]

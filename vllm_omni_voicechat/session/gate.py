@@ -1,0 +1,74 @@
+"""The leading-silence input gate and its bounded onset pre-roll.
+
+Before the first speech, frames are held instead of advancing the model; the last ``preroll_frames`` held frames
+are kept so that a ``turn_start`` (or the gate opening on speech by itself) releases the onset that tripped the
+client's VAD. Once open, the gate stays open for the rest of the session.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ..audio.frames import dbfs
+
+
+@dataclass(frozen=True, slots=True)
+class MicFrame:
+    """A complete 80 ms microphone frame and its transport number (0-based count of assembled frames)."""
+
+    pcm: bytes
+    transport_frame: int
+    loud: bool
+
+
+class InputGate:
+    def __init__(
+        self,
+        *,
+        threshold_dbfs: float = -40.0,
+        open_after: int = 3,
+        preroll_frames: int = 12,
+        onset_context: int = 2,
+    ) -> None:
+        if open_after < 1 or preroll_frames < 1 or onset_context < 0:
+            raise ValueError("invalid gate bounds")
+        self.threshold_dbfs = threshold_dbfs
+        self.open_after = open_after
+        self.onset_context = onset_context
+        self.is_open = False
+        self._held: deque[MicFrame] = deque(maxlen=preroll_frames)
+        self._loud_run = 0
+
+    def classify(self, pcm: bytes, transport_frame: int) -> MicFrame:
+        return MicFrame(pcm, transport_frame, dbfs(pcm) >= self.threshold_dbfs)
+
+    def offer(self, frame: MicFrame) -> list[MicFrame] | None:
+        """Pass a frame through: the frames to run now, or None when the gate held it."""
+        if self.is_open:
+            return [frame]
+        self._held.append(frame)
+        self._loud_run = self._loud_run + 1 if frame.loud else 0
+        if self._loud_run >= self.open_after:
+            return self.force_open()
+        return None
+
+    def force_open(self) -> list[MicFrame]:
+        """Open the gate (a ``turn_start`` does this) and release the onset suffix of the pre-roll."""
+        self.is_open = True
+        held = list(self._held)
+        self._held.clear()
+        self._loud_run = 0
+        first_loud = next((i for i, f in enumerate(held) if f.loud), None)
+        if first_loud is None:
+            return held
+        return held[max(0, first_loud - self.onset_context) :]
+
+    def clear(self) -> None:
+        """Drop the pre-roll (typed input accepted)."""
+        self._held.clear()
+        self._loud_run = 0
+
+    @property
+    def held(self) -> int:
+        return len(self._held)

@@ -1,0 +1,383 @@
+"""The simulator model: a deterministic CPU stand-in for Nemotron VoiceChat behind the model port.
+
+It "hears" simulator speech through a streaming decoder standing in for the RNNT (word-by-word transcript, blank
+evidence on silence), opens a response on an explicit user EOU, speaks ``You said: <transcript>.`` one text
+token per position with matching audio, closes with agent EOS and a short acoustic tail, and runs function-call
+cycles on its function channel. Behaviours that break the protocol on purpose are selected per session through
+:class:`SimBehaviour`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..audio.frames import INPUT_FRAME_BYTES, OUTPUT_FRAME_SAMPLES, SILENT_OUTPUT_FRAME
+from ..model.port import (
+    AgentControl,
+    AgentOutput,
+    BoundaryPhase,
+    FunctionState,
+    IDLE_FUNCTION,
+    ModelError,
+    PositionInput,
+    ResponseBoundary,
+    RnntEvidence,
+    SessionPrompt,
+    StepResult,
+    StepTimings,
+    ToolCall,
+)
+from .speech import SpeechDecoder, render_token_audio, split_tokens
+
+SOTC = "<SPECIAL_20>"
+EOTC = "<SPECIAL_21>"
+EOTR = "<SPECIAL_22>"
+TOOL_RESPONSE_OPEN = "<TOOL_RESPONSE>["
+TOOL_RESPONSE_CLOSE = "]</TOOL_RESPONSE>"
+TOKEN_IDS = {"pad": 12, "bos": 1, "eos": 2, "text": 1000}
+
+_CALL_RE = re.compile(r"^\s*call\s+([A-Za-z_][A-Za-z0-9_-]{0,127})\s*(\{.*\})?\s*\.?\s*$", re.S)
+
+
+@dataclass(frozen=True, slots=True)
+class SimBehaviour:
+    """Per-session behaviour of the simulator (defaults: a well-behaved model)."""
+
+    reply_template: str = "You said: {transcript}."
+    tool_reply_template: str = "The result is {output}."
+    tail_positions: int = 3
+    """Silent positions after agent EOS; the last one is the acoustic terminal."""
+    never_reach_fence: bool = False
+    """The RNNT never reports a blank (settlement cannot reach the fence)."""
+    self_start_response_at: int | None = None
+    """Open a response by itself (agent BOS) at this position index if it is listening."""
+    self_start_function_at: int | None = None
+    """Start a function cycle (SOTC) by itself at this position index if it is listening."""
+    sotc_on_eou: bool = False
+    """With tools: the EOU-consuming position predicts SOTC (opens a call instead of agent BOS)."""
+    endless_response: bool = False
+    """Keep speaking forever, ignoring agent EOS."""
+    chained_calls: int = 1
+    """Calls made in one turn before speaking the result (``call NAME {...}`` utterances)."""
+    function_never_finishes: bool = False
+    """After a result is injected, never emit EOTR."""
+    step_delay_s: float = 0.0
+    """Extra time each position takes (a slow model)."""
+    prefill_delay_s: float = 0.0
+    """Time the prefill takes (the model-ready barrier waits for it)."""
+    legacy_turn_blanks: int | None = None
+    """Diagnostic RNNT-owned mode: this many consecutive blanks after speech make the model take the turn."""
+    fail_at_position: int | None = None
+    """Raise a model failure on this position index."""
+
+
+class _Phase(enum.Enum):
+    LISTENING = "listening"
+    RESPONDING = "responding"
+    TAIL = "tail"
+
+
+class SimulatorModel:
+    """Implements :class:`~vllm_omni_voicechat.model.port.ModelPort`."""
+
+    def __init__(
+        self,
+        behaviour: SimBehaviour | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.behaviour = behaviour or SimBehaviour()
+        self._sleep = sleep
+        self._timer = timer
+        self.prompt = SessionPrompt()
+        self.prefills = 0
+        self.aborted = False
+        self._reset_state()
+
+    # --- port -------------------------------------------------------------------------------------------
+
+    def prefill(self, prompt: SessionPrompt) -> None:
+        if self.behaviour.prefill_delay_s:
+            self._sleep(self.behaviour.prefill_delay_s)
+        self.prompt = prompt
+        self.prefills += 1
+        self.aborted = False
+        self._reset_state()
+
+    def abort(self) -> None:
+        self.aborted = True
+        self._reset_state()
+
+    def step(self, position: PositionInput) -> StepResult:
+        t0 = self._timer()
+        b = self.behaviour
+        if len(position.pcm) != INPUT_FRAME_BYTES:
+            raise ModelError(f"position input must be {INPUT_FRAME_BYTES} bytes, got {len(position.pcm)}")
+        if b.fail_at_position is not None and self.positions == b.fail_at_position:
+            raise ModelError(f"simulated model failure at position {self.positions}")
+        if b.step_delay_s:
+            self._sleep(b.step_delay_s)
+        c = position.controls
+        if c.reset:
+            self._reset_state()
+        index = self.positions
+        self.positions += 1
+
+        rnnt = self._hear(position.pcm)
+        if c.cancel_eou:
+            self._armed_fence = None
+        if c.eou_at_fence is not None:
+            self._armed_fence = c.eou_at_fence
+        for token in c.tool_result_tokens:
+            self._inject.append(token)
+        if c.agent_eos and self._phase is _Phase.RESPONDING and not b.endless_response:
+            self._eos_requested = True
+
+        eou, fence_count = self._eou_due(c.eou_now, rnnt)
+        agent = AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"])
+        audio = SILENT_OUTPUT_FRAME
+        boundary_started = ended = False
+        reason: str | None = None
+        fn_token: str | None = None
+        tool_call: ToolCall | None = None
+        fn_hold = False
+
+        if eou:
+            transcript, self._transcript = self._transcript, ""
+            if b.sotc_on_eou and self.prompt.tools:
+                self._begin_cycle(self._call_for(transcript) or self._first_tool_call())
+                fn_token = self._fn_emit.popleft()
+            else:
+                agent = AgentOutput(AgentControl.AGENT_BOS, TOKEN_IDS["bos"])
+                boundary_started = True
+                self._open_response(transcript)
+                fn_hold = True  # a call the reply needs starts on the first post-BOS position
+        elif self._phase is _Phase.LISTENING:
+            if index == b.self_start_response_at:
+                agent = AgentOutput(AgentControl.AGENT_BOS, TOKEN_IDS["bos"])
+                boundary_started = True
+                self._phase = _Phase.RESPONDING
+                self._reply = deque(split_tokens("Hello there."))
+            elif index == b.self_start_function_at and self._fn_idle:
+                self._begin_cycle(self._first_tool_call())
+        elif self._phase is _Phase.RESPONDING:
+            if self._fn_idle:
+                agent, audio = self._speak(c.force_text_pad)
+        elif self._phase is _Phase.TAIL:
+            self._tail_left -= 1
+            if self._tail_left <= 0:
+                ended, reason = True, "post_eos_audio_silence"
+                self._phase = _Phase.LISTENING
+
+        if fn_token is None and not fn_hold:
+            fn_token, tool_call = self._function_step()
+        fn_state = self._function_state(fn_token)
+
+        phase = {
+            _Phase.LISTENING: BoundaryPhase.IDLE,
+            _Phase.RESPONDING: BoundaryPhase.RESPONDING,
+            _Phase.TAIL: BoundaryPhase.TAIL_DRAINING,
+        }[self._phase]
+        if ended:
+            phase = BoundaryPhase.COMPLETE
+        if agent.control is AgentControl.AGENT_EOS and self.behaviour.tail_positions <= 0:
+            ended, reason, phase = True, "post_eos_audio_silence", BoundaryPhase.COMPLETE
+            self._phase = _Phase.LISTENING
+        return StepResult(
+            audio=audio,
+            agent=agent,
+            rnnt=rnnt,
+            function=fn_state,
+            tool_call=tool_call,
+            boundary=ResponseBoundary(phase, boundary_started, ended, reason),
+            eou_consumed=eou,
+            fence_blank_count=fence_count,
+            timings=StepTimings(inference_ms=(self._timer() - t0) * 1000.0),
+        )
+
+    # --- listening ----------------------------------------------------------------------------------------
+
+    def _reset_state(self) -> None:
+        self.positions = 0
+        self._decoder = SpeechDecoder(16_000)
+        self._blank_count = 0
+        self._transcript = ""
+        self._armed_fence: int | None = None
+        self._phase = _Phase.LISTENING
+        self._reply: deque[str] = deque()
+        self._eos_requested = False
+        self._tail_left = 0
+        self._heard_speech = False
+        # function channel
+        self._fn_emit: deque[str] = deque()
+        self._fn_payload = ""
+        self._fn_awaiting = False
+        self._inject: deque[str] = deque()
+        self._injected: list[str] = []
+        self._fn_awaiting_eotr = False
+        self._calls_this_turn = 0
+        self._pending_call: tuple[str, dict] | None = None
+
+    def _hear(self, pcm: bytes) -> RnntEvidence:
+        step = self._decoder.feed(pcm)
+        delta = "".join(step.pieces)
+        blank = not (step.energetic or delta)
+        if self.behaviour.never_reach_fence:
+            blank = False
+        self._blank_count = self._blank_count + 1 if blank else 0
+        if delta:
+            self._transcript += delta
+        if not blank:
+            self._heard_speech = True
+        return RnntEvidence(blank, self._blank_count, delta, bool(delta) or step.energetic)
+
+    def _eou_due(self, eou_now: bool, rnnt: RnntEvidence) -> tuple[bool, int | None]:
+        if self._phase is not _Phase.LISTENING or not self._fn_idle:
+            return False, None
+        if eou_now:
+            self._armed_fence = None
+            return True, None
+        if self._armed_fence is not None and rnnt.blank_count >= self._armed_fence:
+            self._armed_fence = None
+            return True, rnnt.blank_count
+        n = self.behaviour.legacy_turn_blanks
+        if n is not None and self._heard_speech and self._transcript and rnnt.blank_count >= n:
+            return True, None
+        return False, None
+
+    # --- responding ---------------------------------------------------------------------------------------
+
+    def _open_response(self, transcript: str) -> None:
+        self._phase = _Phase.RESPONDING
+        self._eos_requested = False
+        self._calls_this_turn = 0
+        call = self._call_for(transcript)
+        if call is not None:
+            self._pending_call = call
+            self._begin_cycle(call)
+            self._reply = deque()
+        else:
+            self._reply = deque(split_tokens(self.behaviour.reply_template.format(transcript=transcript.strip())))
+
+    def _speak(self, force_pad: bool) -> tuple[AgentOutput, bytes]:
+        if self._eos_requested or (not self._reply and not self.behaviour.endless_response):
+            self._eos_requested = False
+            self._reply.clear()
+            self._phase = _Phase.TAIL
+            self._tail_left = self.behaviour.tail_positions
+            return AgentOutput(AgentControl.AGENT_EOS, TOKEN_IDS["eos"]), SILENT_OUTPUT_FRAME
+        if force_pad:
+            return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), SILENT_OUTPUT_FRAME
+        if not self._reply:  # endless: keep talking
+            self._reply.extend(split_tokens(" and more"))
+        token = self._reply.popleft()
+        audio = render_token_audio(token, 22_050, OUTPUT_FRAME_SAMPLES)
+        return AgentOutput(AgentControl.TEXT, TOKEN_IDS["text"], token), audio
+
+    # --- function channel ---------------------------------------------------------------------------------
+
+    @property
+    def _fn_idle(self) -> bool:
+        return not (self._fn_emit or self._fn_awaiting or self._inject or self._fn_awaiting_eotr)
+
+    def _tool_names(self) -> dict[str, str]:
+        return {t.name.replace("-", "_"): t.name for t in self.prompt.tools}
+
+    def _call_for(self, transcript: str) -> tuple[str, dict] | None:
+        m = _CALL_RE.match(transcript)
+        if not m:
+            return None
+        names = self._tool_names()
+        name = names.get(m.group(1).replace("-", "_"))
+        if name is None:
+            return None
+        try:
+            args = json.loads(m.group(2)) if m.group(2) else {}
+        except json.JSONDecodeError:
+            return None
+        return (name, args) if isinstance(args, dict) else None
+
+    def _first_tool_call(self) -> tuple[str, dict]:
+        name = self.prompt.tools[0].name if self.prompt.tools else "lookup"
+        return name, {}
+
+    def _begin_cycle(self, call: tuple[str, dict]) -> None:
+        name, args = call
+        payload = "<TOOLCALL>" + json.dumps([{"name": name, "arguments": args}], separators=(",", ":")) + "</TOOLCALL>"
+        self._fn_emit = deque([SOTC, *split_tokens(payload, 4), EOTC])
+        self._fn_payload = ""
+        self._calls_this_turn += 1
+
+    def _function_step(self) -> tuple[str | None, ToolCall | None]:
+        if self._fn_emit:
+            token = self._fn_emit.popleft()
+            if token not in (SOTC, EOTC):
+                self._fn_payload += token
+            if token == EOTC:
+                self._fn_awaiting = True
+                return token, _parse_call(self._fn_payload)
+            return token, None
+        if self._inject:
+            self._fn_awaiting = False
+            token = self._inject.popleft()
+            self._injected.append(token)
+            if not self._inject:
+                self._fn_awaiting_eotr = True
+            return token, None
+        if self._fn_awaiting_eotr and not self.behaviour.function_never_finishes:
+            self._fn_awaiting_eotr = False
+            output = _unwrap_result("".join(self._injected))
+            self._injected = []
+            if self._pending_call is not None and self._calls_this_turn < self.behaviour.chained_calls:
+                self._begin_cycle(self._pending_call)
+            else:
+                self._pending_call = None
+                if self._phase is _Phase.LISTENING:
+                    self._phase = _Phase.RESPONDING
+                self._reply = deque(split_tokens(self.behaviour.tool_reply_template.format(output=output)))
+            return EOTR, None
+        return None, None
+
+    def _function_state(self, token: str | None) -> FunctionState:
+        if self._fn_idle and token is None:
+            return IDLE_FUNCTION
+        return FunctionState(
+            token=token,
+            raw_token=token,
+            active=bool(self._fn_emit),
+            awaiting_result=self._fn_awaiting,
+            injecting=bool(self._inject),
+            awaiting_eotr=self._fn_awaiting_eotr,
+            forced_tokens=len(self._inject),
+        )
+
+
+def _parse_call(payload: str) -> ToolCall | None:
+    body = payload.removeprefix("<TOOLCALL>").removesuffix("</TOOLCALL>")
+    try:
+        calls = json.loads(body)
+        first = calls[0]
+        args = first.get("arguments", {})
+        if isinstance(args, str):
+            args = json.loads(args)
+        return ToolCall(str(first["name"]), dict(args), payload)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def _unwrap_result(text: str) -> str:
+    body = text
+    if body.startswith(TOOL_RESPONSE_OPEN) and body.endswith(TOOL_RESPONSE_CLOSE):
+        body = body[len(TOOL_RESPONSE_OPEN) : -len(TOOL_RESPONSE_CLOSE)]
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return body
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
