@@ -1,0 +1,1 @@
+"""Deterministic CPU simulator of the full-duplex speech model."""
