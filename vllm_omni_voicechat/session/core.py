@@ -153,6 +153,7 @@ class SessionCore:
         self._plan: _Plan | None = None
         self._out: list[Output] = []
         self.closed = False
+        self._stopping = False
         # configuration
         self.prompt: SessionPrompt | None = None
         self._pending_config: Configure | None = None
@@ -194,6 +195,11 @@ class SessionCore:
     def receive(self, command: Command, now: float) -> list[Output]:
         if self.closed:
             return []
+        if self._stopping:
+            # session.stop is permanent: nothing after it is admitted; typed requests still get their answer.
+            if isinstance(command, RequestTypedInput):
+                self._emit(TypedRejected(command.job_id, "typed_input_unavailable"))
+            return self._drain()
         match command:
             case AppendAudio():
                 self._on_append(command)
@@ -214,13 +220,12 @@ class SessionCore:
     def poll(self, now: float) -> Tick:
         """Advance the session: start the next due position, if any."""
         while not self.closed and self.runner.in_flight is None and self._pending_config is None:
-            if self._plan is None and not self._advance():
-                plan = self._idle_plan()
-                if plan is None:
-                    break
-                self._plan = plan
-            plan = self._plan
-            assert plan is not None
+            if self._plan is None:
+                self._advance()
+            # An idle plan (response silence) is recomputed on every poll, so new client work preempts it.
+            plan = self._plan or self._idle_plan()
+            if plan is None:
+                break
             due = self.runner.due_at(plan.kind, now)
             if due > now:
                 return Tick(self._drain(), wake_at=due)
@@ -229,6 +234,7 @@ class SessionCore:
             except PositionLimitReached as limit:
                 self._fatal_position_limit(limit)
                 break
+            self._plan = plan
             self._model_started = True
             return Tick(self._drain(), position=position)
         return Tick(self._drain())
@@ -307,7 +313,7 @@ class SessionCore:
         out: list[Output] = []
         if self._typed is not None and not self._typed.mutated:
             out.append(CancelSynthesis(self._typed.job_id))
-        if self._model_started or self._pending_config is not None:
+        if self._model_started or self._pending_config is not None or self.configured:
             out.append(AbortModel())
         self._reset_work()
         self._out.clear()
@@ -419,15 +425,23 @@ class SessionCore:
         return job.mutated or job.turn_id is not None
 
     def _on_stop(self, cmd: Stop) -> None:
+        self._stopping = True
+        self._release_typed(procedure_ends=False)
+        self._queue.append(_Item("stop", cmd))
+
+    def _release_typed(self, *, procedure_ends: bool) -> None:
+        """Answer waiting typed requests and cancel an accepted job that has not touched the model.
+
+        A job whose procedure already runs (its cancel tail) is left to it, unless that procedure ends too.
+        """
         while self._typed_waiting:
             self._emit(TypedRejected(self._typed_waiting.popleft().job_id, "typed_input_unavailable"))
         job = self._typed
-        if job is not None and not self._typed_started(job):
+        if job is not None and not job.mutated and (procedure_ends or not self._typed_started(job)):
             self._queue = deque(i for i in self._queue if i.payload is not job)
             if job.state == "synthesizing":
                 self._emit(CancelSynthesis(job.job_id))
             self._finish_typed(job, "cancelled")
-        self._queue.append(_Item("stop", cmd))
 
     # ================================================================ scheduling
 
@@ -569,6 +583,8 @@ class SessionCore:
             result = yield _Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, controls)
             outcome = settlement.on_result(result, controls)
             if outcome.kind == "fatal":
+                if outcome.publish:
+                    self._publish(result)
                 self._fatal(
                     outcome.code,
                     outcome.message,
@@ -720,7 +736,7 @@ class SessionCore:
         if self._typed is job:
             self._typed = None  # readiness barrier: cleared before injection_finished is sent
         self._emit(TypedInjectionFinished(job.job_id, disposition))  # type: ignore[arg-type]
-        while self._typed is None and self._typed_waiting and not self.closed:
+        while self._typed is None and self._typed_waiting and not self._stopping:
             self._on_typed_request(self._typed_waiting.popleft())
 
     # ================================================================ fatal paths
@@ -738,8 +754,14 @@ class SessionCore:
         """Abort the model, publish the fatal error (and brackets / session.closed where the contract says)."""
         if self.closed:
             return
+        self._stopping = True
         if self._model_started or self._pending_config is not None or self.configured:
             self._emit(AbortModel())
+        # Every typed request gets its answer and every response exactly one terminal before the error (a v3
+        # client disconnects on the fatal error itself); the position guard closes its brackets after it.
+        self._release_typed(procedure_ends=True)
+        if brackets is None:
+            self._close_response("failed", code)
         self._emit(Error(code, message, True, client_event_id, details or {}))
         if brackets is not None:
             self._close_brackets("failed", brackets)

@@ -24,6 +24,8 @@ class Outcome:
     code: str = ""
     message: str = ""
     details: dict = field(default_factory=dict)
+    publish: bool = False
+    """For a fatal outcome: whether the position itself is clean and is published before the error."""
 
 
 CONTINUE = Outcome("continue")
@@ -97,6 +99,7 @@ class Settlement:
                 "input_turn_settle_timeout",
                 f"RNNT blank fence {self.fence} not reached within {self.bound} settlement positions",
                 self.evidence(),
+                publish=True,
             )
         return CONTINUE
 

@@ -228,7 +228,9 @@ class SimulatorModel:
     def _hear(self, pcm: bytes) -> RnntEvidence:
         step = self._decoder.feed(pcm)
         delta = "".join(step.pieces)
-        blank = not (step.energetic or delta)
+        # Blank means "no speech energy on this frame": a word whose end is only recognised on the following
+        # silent frame does not reset the count, so the fence measures silence after the speech.
+        blank = not step.energetic
         if self.behaviour.never_reach_fence:
             blank = False
         self._blank_count = self._blank_count + 1 if blank else 0
@@ -264,7 +266,7 @@ class SimulatorModel:
             self._begin_cycle(call)
             self._reply = deque()
         else:
-            self._reply = deque(split_tokens(self.behaviour.reply_template.format(transcript=transcript.strip())))
+            self._reply = deque(split_tokens(_reply_text(self.behaviour.reply_template, transcript.strip())))
 
     def _speak(self, force_pad: bool) -> tuple[AgentOutput, bytes]:
         if self._eos_requested or (not self._reply and not self.behaviour.endless_response):
@@ -357,6 +359,14 @@ class SimulatorModel:
             awaiting_eotr=self._fn_awaiting_eotr,
             forced_tokens=len(self._inject),
         )
+
+
+def _reply_text(template: str, transcript: str) -> str:
+    text = template.format(transcript=transcript)
+    # "You said: Is it?." reads badly: keep the transcript's own final punctuation.
+    if transcript[-1:] in (".", "!", "?") and text.endswith(transcript + "."):
+        text = text[:-1]
+    return text
 
 
 def _parse_call(payload: str) -> ToolCall | None:

@@ -1,0 +1,399 @@
+"""Client-owned microphone turns through the session core and runner, on the simulator, exact event sequences."""
+
+from __future__ import annotations
+
+from vllm_omni_voicechat.model.port import ToolSpec
+from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn
+from vllm_omni_voicechat.session.events import Error, PositionMetrics, SessionClosed
+from vllm_omni_voicechat.sim.model import SimBehaviour
+from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+
+from .helpers import LOUD_NOISE_FRAME, SILENCE_FRAME, R, T, audio, metrics, names, protocol, session
+
+TOOLS = (ToolSpec("get_weather", "Weather for a city", {"type": "object", "properties": {"city": {"type": "string"}}}),)
+
+
+def spoken_turn(d, k: int, text: str, *, start_id: str | None = None, commit_id: str | None = None) -> None:
+    d.send(StartTurn(k, start_id or f"s{k}"))
+    d.send(AppendAudio(render_speech(text)))
+    d.send(CommitTurn(k, commit_id or f"c{k}"))
+
+
+def test_happy_turn_exact_sequence():
+    d = session(settlement_blank_frames=3)
+    d.events.clear()
+    spoken_turn(d, 1, "Hello world")
+    d.run()
+    assert protocol(d.events) == [
+        ("SpeechStarted", T(1), "microphone", None, 1),
+        ("TurnStarted", T(1), 1, "s1"),
+        ("TranscriptDelta", T(1), "Hello", "Hello", "microphone", None),
+        ("TranscriptDelta", T(1), " world", "Hello world", "microphone", None),
+        ("TurnCommitted", T(1), 1, "c1"),
+        ("SpeechStopped", T(1), "microphone", None),
+        ("TranscriptCompleted", T(1), "Hello world", "microphone", None),
+        ("ResponseCreated", T(1), R(1)),
+        ("TextDelta", T(1), R(1), "You", "You"),
+        ("TextDelta", T(1), R(1), " sai", "You sai"),
+        ("TextDelta", T(1), R(1), "d:", "You said:"),
+        ("TextDelta", T(1), R(1), " Hel", "You said: Hel"),
+        ("TextDelta", T(1), R(1), "lo", "You said: Hello"),
+        ("TextDelta", T(1), R(1), " wor", "You said: Hello wor"),
+        ("TextDelta", T(1), R(1), "ld.", "You said: Hello world."),
+        ("TextDone", T(1), R(1), "You said: Hello world."),
+        ("AudioDone", T(1), R(1), False),
+        ("ResponseDone", T(1), R(1), "completed", "post_eos_audio_silence"),
+    ]
+    # The assistant's audio says what its text says.
+    assert decode_speech(audio(d.events), 22_050) == "You said: Hello world."
+    # Every position has exactly one metrics event, numbered 0, 1, 2, ... with the budget.
+    frames = [m.frame for m in metrics(d.events)]
+    assert frames == list(range(len(frames)))
+    assert all(m.budget_ms == 80 for m in metrics(d.events))
+
+
+def test_committed_is_published_ahead_of_the_fused_fence_position():
+    d = session(settlement_blank_frames=3)
+    spoken_turn(d, 1, "Hi")
+    d.run()
+    seq = [(type(e).__name__, getattr(e, "kind", None)) for e in d.events]
+    i = seq.index(("TurnCommitted", None))
+    # committed, speech stopped, completed, response.created, BOS audio, then that position's metrics
+    assert [s[0] for s in seq[i : i + 6]] == [
+        "TurnCommitted",
+        "SpeechStopped",
+        "TranscriptCompleted",
+        "ResponseCreated",
+        "AudioDelta",
+        "PositionMetrics",
+    ]
+    assert seq[i + 5][1] == "settlement"
+
+
+def test_empty_transcript_commit_still_gets_one_response():
+    d = session(settlement_blank_frames=3)
+    d.events.clear()
+    d.send(StartTurn(1, "s1"))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    assert protocol(d.events)[:6] == [
+        ("SpeechStarted", T(1), "microphone", None, 1),
+        ("TurnStarted", T(1), 1, "s1"),
+        ("TurnCommitted", T(1), 1, "c1"),
+        ("SpeechStopped", T(1), "microphone", None),
+        ("TranscriptCompleted", T(1), "", "microphone", None),
+        ("ResponseCreated", T(1), R(1)),
+    ]
+    assert names(d.events).count("ResponseCreated") == 1
+    assert protocol(d.events)[-1] == ("ResponseDone", T(1), R(1), "completed", "post_eos_audio_silence")
+    # Exactly the missing fence positions ran: 3 settlement positions, the last one fused with BOS.
+    assert [m.kind for m in metrics(d.events)][:3] == ["settlement"] * 3
+
+
+def test_idempotent_start_and_commit_retries_reack_with_the_retry_event_id():
+    d = session(settlement_blank_frames=3)
+    d.events.clear()
+    d.send(StartTurn(1, "s1"))
+    d.send(StartTurn(1, "s1-retry"))
+    d.send(AppendAudio(render_speech("Yes")))
+    d.send(CommitTurn(1, "c1"))
+    d.send(CommitTurn(1, "c1-retry"))
+    d.run()
+    p = protocol(d.events)
+    assert p[:3] == [
+        ("SpeechStarted", T(1), "microphone", None, 1),
+        ("TurnStarted", T(1), 1, "s1"),
+        ("TurnStarted", T(1), 1, "s1-retry"),
+    ]
+    i = p.index(("TurnCommitted", T(1), 1, "c1"))
+    assert ("TurnCommitted", T(1), 1, "c1-retry") in p[i + 1 :]
+    assert names(d.events).count("ResponseCreated") == 1
+    assert names(d.events).count("SpeechStarted") == 1
+    # A later retry of an old start is still re-acked (remembered), with no new turn.
+    d.events.clear()
+    d.send(StartTurn(1, "s1-late"))
+    d.run()
+    assert protocol(d.events) == [("TurnStarted", T(1), 1, "s1-late")]
+
+
+def test_remembered_ids_are_bounded_to_the_last_16():
+    d = session(settlement_blank_frames=1)
+    for k in range(1, 18):
+        d.send(StartTurn(k, f"s{k}"))
+        d.send(CommitTurn(k, f"c{k}"))
+        d.run()
+    d.events.clear()
+    d.send(StartTurn(17, "again"))  # remembered: re-ack
+    d.run()
+    assert protocol(d.events) == [("TurnStarted", T(17), 17, "again")]
+    d.send(StartTurn(1, "forgotten"))  # forgotten: a fresh turn with a new turn id
+    d.run()
+    assert ("TurnStarted", T(18), 1, "forgotten") in protocol(d.events)
+
+
+def _fatal(d) -> Error:
+    errors = [e for e in d.events if isinstance(e, Error)]
+    assert errors and errors[-1].fatal
+    assert d.core.closed
+    return errors[-1]
+
+
+def test_conflict_turn_start_while_a_turn_is_open():
+    d = session()
+    d.send(StartTurn(1, "s1"))
+    d.send(StartTurn(2, "s2"))
+    e = _fatal(d)
+    assert (e.code, e.client_event_id, e.details) == (
+        "input_turn_conflict",
+        "s2",
+        {"client_turn_id": 2, "open_client_turn_id": 1},
+    )
+    assert "AbortModel" in [type(x).__name__ for x in d.effects]
+    assert d.send(AppendAudio(SILENCE_FRAME)) == []  # nothing after a fatal
+
+
+def test_conflict_commit_of_another_turn():
+    d = session()
+    d.send(StartTurn(1, "s1"))
+    d.send(CommitTurn(2, "c2"))
+    e = _fatal(d)
+    assert (e.code, e.client_event_id, e.details) == (
+        "input_turn_conflict",
+        "c2",
+        {"client_turn_id": 2, "open_client_turn_id": 1},
+    )
+
+
+def test_conflict_commit_without_an_open_turn():
+    d = session()
+    d.send(CommitTurn(1, "c1"))
+    e = _fatal(d)
+    assert (e.code, e.details) == ("input_turn_conflict", {"client_turn_id": 1, "open_client_turn_id": None})
+    assert "SessionClosed" not in names(d.events)
+
+
+def test_conflict_turn_start_during_a_typed_job():
+    from vllm_omni_voicechat.session.commands import RequestTypedInput
+
+    d = session()
+    d.send(RequestTypedInput("j1", "Hello"))
+    d.send(StartTurn(1, "s1"))
+    e = _fatal(d)
+    assert (e.code, e.client_event_id) == ("input_turn_conflict", "s1")
+
+
+def test_settlement_bound_exceeded_is_fatal_without_committed():
+    d = session(behaviour=SimBehaviour(never_reach_fence=True), settlement_blank_frames=3)
+    d.events.clear()
+    d.send(StartTurn(1, "s1"))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    assert len(metrics(d.events, "settlement")) == 6  # exactly 2 x fence
+    assert "TurnCommitted" not in names(d.events)
+    assert "ResponseCreated" not in names(d.events)
+    e = _fatal(d)
+    assert e.code == "input_turn_settle_timeout"
+    assert e.details["settlement"]["target_blank_frames"] == 3
+    assert e.details["settlement"]["max_model_steps"] == 6
+    assert (e.details["source"], e.details["job_id"]) == ("microphone", None)
+    assert names(d.events)[-1] == "Error"
+
+
+def test_pre_eou_response_activity_is_fatal_and_the_violating_position_is_never_published():
+    # Positions: 0 real frame, then settlement 1, 2, 3; the model opens a response by itself on position 2.
+    d = session(behaviour=SimBehaviour(self_start_response_at=2), settlement_blank_frames=3)
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(LOUD_NOISE_FRAME))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    e = _fatal(d)
+    assert e.code == "pre_eou_response_activity"
+    assert [m.frame for m in metrics(d.events)] == [0, 1]
+    assert "ResponseCreated" not in names(d.events)
+    assert "TurnCommitted" not in names(d.events)
+
+
+def test_pre_eou_function_activity_is_fatal_and_the_violating_position_is_never_published():
+    d = session(behaviour=SimBehaviour(self_start_function_at=2), settlement_blank_frames=3, tools=TOOLS)
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(LOUD_NOISE_FRAME))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    e = _fatal(d)
+    assert e.code == "pre_eou_function_activity"
+    assert e.details["settlement"]["mode"] == "separate"
+    assert [m.frame for m in metrics(d.events)] == [0, 1]
+
+
+def test_fused_eou_without_tools_counts_one_real_plus_fence_positions():
+    d = session(settlement_blank_frames=3)
+    d.events.clear()
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(LOUD_NOISE_FRAME))
+    d.send(CommitTurn(1, "c1"))
+    d.run(advance_time=False)
+    kinds = [m.kind for m in metrics(d.events)]
+    assert kinds == ["real", "settlement", "settlement", "settlement"]  # BOS on the third settlement position
+    assert names(d.events)[-1] == "ResponseCreated"
+
+
+def test_separate_eou_with_tools_adds_one_eou_position_after_committed():
+    d = session(settlement_blank_frames=3, tools=TOOLS)
+    d.events.clear()
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(LOUD_NOISE_FRAME))
+    d.send(CommitTurn(1, "c1"))
+    d.run(advance_time=False)
+    kinds = [m.kind for m in metrics(d.events)]
+    assert kinds == ["real", "settlement", "settlement", "settlement", "eou"]
+    seq = [(type(e).__name__, getattr(e, "kind", None)) for e in d.events]
+    committed = seq.index(("TurnCommitted", None))
+    eou = seq.index(("PositionMetrics", "eou"))
+    assert seq[committed - 1] == ("PositionMetrics", "settlement")  # after all settlement positions
+    assert names(d.events)[-4:] == ["TurnCommitted", "SpeechStopped", "TranscriptCompleted", "ResponseCreated"]
+    assert committed < eou
+
+
+def test_new_turn_cancels_the_open_response_before_its_speech_started():
+    d = session(settlement_blank_frames=3)
+    spoken_turn(d, 1, "Tell me a long story please")
+    d.run(advance_time=False)  # stops right after BOS: the response is open
+    assert d.core.response is not None
+    d.events.clear()
+    d.send(StartTurn(2, "s2"))
+    d.run(advance_time=False)
+    assert protocol(d.events) == [
+        ("TextDone", T(1), R(1), ""),
+        ("AudioDone", T(1), R(1), False),
+        ("ResponseDone", T(1), R(1), "cancelled", "client_vad"),
+        ("SpeechStarted", T(2), "microphone", None, 2),
+        ("TurnStarted", T(2), 2, "s2"),
+    ]
+    tail = metrics(d.events, "cancel_tail")
+    assert 1 <= len(tail) <= 27
+    # Output is suppressed during the cancel tail: no audio/text deltas after the cancel started.
+    assert "AudioDelta" not in [type(e).__name__ for e in d.events]
+
+
+def test_cancel_tail_timeout_is_fatal_after_27_positions():
+    d = session(behaviour=SimBehaviour(endless_response=True), settlement_blank_frames=3)
+    spoken_turn(d, 1, "Go")
+    d.run(advance_time=False)
+    d.events.clear()
+    d.send(StartTurn(2, "s2"))
+    d.run(advance_time=False)
+    assert len(metrics(d.events, "cancel_tail")) == 27
+    e = _fatal(d)
+    assert e.code == "response_cancel_timeout"
+    assert "SpeechStarted" not in names(d.events)
+
+
+def test_onset_preroll_replays_the_onset_suffix_with_transport_numbers():
+    d = session(settlement_blank_frames=3)
+    for _ in range(10):
+        d.send(AppendAudio(SILENCE_FRAME))
+    for _ in range(2):
+        d.send(AppendAudio(LOUD_NOISE_FRAME))
+    gated = [m for m in metrics(d.events) if m.frame is None]
+    assert [m.transport_frame for m in gated] == list(range(12))  # held frames: idle metrics only
+    d.events.clear()
+    d.send(StartTurn(1, "s1"))
+    d.run(advance_time=False)
+    replayed = metrics(d.events, "real")
+    assert [(m.frame, m.transport_frame) for m in replayed] == [(0, 8), (1, 9), (2, 10), (3, 11)]
+
+
+def test_quiet_preroll_is_replayed_whole_and_the_gate_stays_open():
+    d = session(settlement_blank_frames=3, preroll_frames=4)
+    for _ in range(6):
+        d.send(AppendAudio(SILENCE_FRAME))
+    d.send(StartTurn(1, "s1"))
+    d.run(advance_time=False)
+    assert [m.transport_frame for m in metrics(d.events, "real")] == [2, 3, 4, 5]
+    d.events.clear()
+    d.send(AppendAudio(SILENCE_FRAME))  # gate open: every frame advances the model now
+    d.run(advance_time=False)
+    assert [m.transport_frame for m in metrics(d.events, "real")] == [6]
+
+
+def test_gate_opens_on_speech_without_a_turn_and_rnnt_text_waits_for_the_next_turn():
+    d = session(settlement_blank_frames=3)
+    d.send(AppendAudio(render_speech("early words") + SILENCE_FRAME * 2))
+    d.run(advance_time=False)
+    assert "TranscriptDelta" not in names(d.events)  # RNNT never opens a turn
+    d.events.clear()
+    d.send(StartTurn(1, "s1"))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    p = protocol(d.events)
+    assert p[2] == ("TranscriptDelta", T(1), "early words", "early words", "microphone", None)
+    assert ("TranscriptCompleted", T(1), "early words", "microphone", None) in p
+
+
+def test_position_guard_on_real_positions():
+    d = session(max_session_model_frames=5)
+    d.send(StartTurn(1, "s1"))
+    for _ in range(8):
+        d.send(AppendAudio(LOUD_NOISE_FRAME))
+    d.run()
+    assert [m.frame for m in metrics(d.events) if m.frame is not None] == [0, 1, 2, 3, 4]
+    e = _fatal(d)
+    assert (e.code, e.details) == ("session_position_limit", {"model_frames": 5, "max_model_frames": 5})
+    assert protocol(d.events)[-3:] == [
+        ("SpeechStopped", T(1), "microphone", None),
+        ("TranscriptCompleted", T(1), "", "microphone", None),  # the noise is still mid-utterance
+        ("SessionClosed", "failed", "session_position_limit"),
+    ]
+
+
+def test_position_guard_on_synthetic_settlement_positions_sends_no_committed():
+    d = session(max_session_model_frames=3, settlement_blank_frames=3)
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(LOUD_NOISE_FRAME))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    assert [m.kind for m in metrics(d.events)] == ["real", "settlement", "settlement"]
+    assert "TurnCommitted" not in names(d.events)
+    assert d.events[-1] == SessionClosed("failed", "session_position_limit")
+    assert any(isinstance(e, Error) and e.code == "session_position_limit" for e in d.events)
+
+
+def test_position_guard_on_response_silence_closes_the_open_response():
+    d = session(max_session_model_frames=6, settlement_blank_frames=3)
+    spoken_turn(d, 1, "Hi")
+    d.run()
+    assert protocol(d.events)[-6:] == [
+        ("TextDelta", T(1), R(1), " sai", "You sai"),
+        ("Error", "session_position_limit", "session reached 6 model positions", True, None,
+         {"model_frames": 6, "max_model_frames": 6}),
+        ("TextDone", T(1), R(1), "You sai"),
+        ("AudioDone", T(1), R(1), False),
+        ("ResponseDone", T(1), R(1), "failed", "session_position_limit"),
+        ("SessionClosed", "failed", "session_position_limit"),
+    ]
+    assert max(m.frame for m in metrics(d.events) if m.frame is not None) == 5
+
+
+def test_metrics_mark_input_and_kinds():
+    d = session(settlement_blank_frames=2)
+    spoken_turn(d, 1, "Ok")
+    d.run()
+    for m in metrics(d.events):
+        assert isinstance(m, PositionMetrics)
+        assert m.input_audio == (m.kind in ("real", "commit_tail_padding", "typed", "final"))
+
+
+def test_fatal_conflict_fails_the_open_response_before_the_error():
+    d = session(settlement_blank_frames=2)
+    spoken_turn(d, 1, "Hi")
+    d.run(advance_time=False)
+    d.events.clear()
+    d.send(CommitTurn(7, "bad"))
+    assert protocol(d.events) == [
+        ("TextDone", T(1), R(1), ""),
+        ("AudioDone", T(1), R(1), False),
+        ("ResponseDone", T(1), R(1), "failed", "input_turn_conflict"),
+        ("Error", "input_turn_conflict", "commit 7 without an open client turn", True, "bad",
+         {"client_turn_id": 7, "open_client_turn_id": None}),
+    ]
+    assert [type(x).__name__ for x in d.effects][-1] == "AbortModel"
