@@ -305,6 +305,25 @@ class SessionCore:
         self._finish_typed(job, "error")
         return self._drain()
 
+    def abort_session(
+        self,
+        code: str,
+        message: str,
+        now: float,
+        *,
+        client_event_id: str | None = None,
+        details: dict | None = None,
+        closed: tuple[str, str] | None = None,
+    ) -> list[Output]:
+        """A wire-level protocol violation ends the session: same teardown as any fatal path."""
+        self._fatal(code, message, client_event_id=client_event_id, details=details, closed=closed)
+        return self._drain()
+
+    @property
+    def input_active(self) -> bool:
+        """A client turn is open or a typed job is active (settings are locked while either holds)."""
+        return self._turn_or_job_active()
+
     def disconnect(self, now: float) -> list[Output]:
         """The transport went away: tear down silently (the outputs hold only effects)."""
         if self.closed:

@@ -1,8 +1,11 @@
-"""The asyncio shell of one session: feeds the core, runs the model off the event loop, executes effects.
+"""The asyncio shell of one session: feeds the protocol object, runs the model off the event loop, executes
+effects.
 
-Client commands are queued in an inbox and handed to the core only between positions, so the core sees
-commands and step results in one order and the model is never touched by two threads at once. Native events go
-to ``sink`` in order (it may be a coroutine function: its backpressure slows this session only).
+The protocol object is a :class:`~vllm_omni_voicechat.session.core.SessionCore` or a wire session wrapping one
+(same driving interface). Client input is queued in an inbox and handed over only between positions, so the
+protocol sees input and step results in one order and the model is never touched by two threads at once.
+Everything that is not an effect (native events, wire events, transport instructions) goes to ``sink`` in order;
+the sink may be a coroutine function, whose backpressure slows this session only.
 """
 
 from __future__ import annotations
@@ -18,17 +21,17 @@ from typing import Any
 from ..model.port import ModelPort
 from ..session.commands import Command
 from ..session.core import SessionCore
-from ..session.events import AbortModel, CancelSynthesis, NativeEvent, Output, Prefill, StartSynthesis
+from ..session.events import AbortModel, CancelSynthesis, Effect, Prefill, StartSynthesis
 from ..synth.port import Synthesizer
 
-Sink = Callable[[NativeEvent], Awaitable[None] | None]
+Sink = Callable[[Any], Awaitable[None] | None]
 
 
 @dataclass(frozen=True, slots=True)
 class _Done:
     """An effect finished in the executor: deliver its outcome to the core."""
 
-    apply: Callable[[float], list[Output]]
+    apply: Callable[[float], list[Any]]
 
 
 class _Disconnect:
@@ -38,7 +41,7 @@ class _Disconnect:
 class SessionShell:
     def __init__(
         self,
-        core: SessionCore,
+        core: SessionCore | Any,
         model: ModelPort,
         sink: Sink,
         *,
@@ -60,8 +63,9 @@ class SessionShell:
 
     # --- inputs -----------------------------------------------------------------------------------------
 
-    def submit(self, command: Command) -> None:
-        self._inbox.put_nowait(command)
+    def submit(self, item: Command | str | bytes) -> None:
+        """Queue client input: a command for a bare core, a raw frame for a wire session."""
+        self._inbox.put_nowait(item)
 
     def disconnect(self) -> None:
         self._inbox.put_nowait(_Disconnect())
@@ -107,10 +111,10 @@ class SessionShell:
         else:
             await self._dispatch(self.core.receive(item, now))
 
-    async def _dispatch(self, outputs: list[Output], *, publish: bool = True) -> None:
+    async def _dispatch(self, outputs: list[Any], *, publish: bool = True) -> None:
         loop = asyncio.get_running_loop()
         for output in outputs:
-            if isinstance(output, NativeEvent):
+            if not isinstance(output, Effect):
                 if publish:
                     if self._sink_is_async:
                         await self._sink(output)  # type: ignore[misc]

@@ -1,0 +1,83 @@
+"""A real uvicorn server on a free loopback port, in a background thread, for integration tests."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import uvicorn
+from websockets.sync.client import ClientConnection, connect
+
+from vllm_omni_voicechat.server import ServerConfig, create_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(config: ServerConfig) -> Iterator[str]:
+    """Yields the base ws:// URL once uvicorn is listening; stops and joins the server afterwards."""
+    ready = threading.Event()
+    app = create_app(config, on_ready=ready.set)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, ws_ping_interval=None, ws_ping_timeout=None, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    if not ready.wait(30):
+        raise RuntimeError("server did not start")
+    try:
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+class RawClient:
+    """A raw JSON WebSocket client: no protocol help, explicit timeouts on every receive."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.ws: ClientConnection = connect(url, open_timeout=timeout, ping_interval=None, max_size=None)
+        self.timeout = timeout
+        self.received: list[dict] = []
+
+    def send(self, event: dict | str | bytes) -> None:
+        self.ws.send(event if isinstance(event, (str, bytes)) else json.dumps(event))
+
+    def recv(self) -> dict:
+        event = json.loads(self.ws.recv(timeout=self.timeout))
+        self.received.append(event)
+        return event
+
+    def recv_until(self, predicate, *, skip_metrics: bool = True) -> list[dict]:
+        """Receive until ``predicate(event)``; returns the events (metrics dropped unless asked for)."""
+        out = []
+        while True:
+            e = self.recv()
+            if not (skip_metrics and e["type"] == "voicechat.metrics"):
+                out.append(e)
+            if predicate(e):
+                return out
+
+    def recv_type(self, type_: str) -> dict:
+        return self.recv_until(lambda e: e["type"] == type_)[-1]
+
+    def close_code(self) -> int | None:
+        """Drain until the server closes; returns the close code."""
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while True:
+                self.recv()
+        except ConnectionClosed as closed:
+            return closed.rcvd.code if closed.rcvd else None
+
+    def close(self) -> None:
+        self.ws.close()

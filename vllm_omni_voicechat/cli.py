@@ -1,0 +1,55 @@
+"""``vllm-omni-voicechat``: serve the voicechat protocol on the embedded simulator model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
+from .session.settlement import DEFAULT_FENCE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-omni-voicechat", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the WebSocket server (v3 on /v1/realtime and /v1/voicechat)")
+    serve.add_argument("--model", default="sim", choices=["sim"], help="model home (sim: the CPU simulator)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--max-sessions", type=int, default=4)
+    serve.add_argument("--max-session-model-frames", type=int, default=DEFAULT_MAX_SESSION_MODEL_FRAMES)
+    serve.add_argument("--settlement-blank-frames", type=int, default=DEFAULT_FENCE)
+    serve.add_argument("--prefill-delay-ms", type=float, default=50.0, help="simulated model prefill time")
+    serve.add_argument("--instructions", default="", help="default system prompt (restored by instructions:null)")
+    serve.add_argument("--log-level", default="info")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        import uvicorn
+
+        from .server import ServerConfig, create_app
+
+        config = ServerConfig.simulator(
+            prefill_delay_s=args.prefill_delay_ms / 1000,
+            max_sessions=args.max_sessions,
+            max_session_model_frames=args.max_session_model_frames,
+            settlement_blank_frames=args.settlement_blank_frames,
+            default_instructions=args.instructions,
+        )
+        # Protocol-level pings are off: long model steps or slow consumers must never trip a transport timer.
+        uvicorn.run(
+            create_app(config),
+            host=args.host,
+            port=args.port,
+            ws_ping_interval=None,
+            ws_ping_timeout=None,
+            log_level=args.log_level,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

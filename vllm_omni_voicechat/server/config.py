@@ -1,0 +1,34 @@
+"""Server configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..model.port import ModelPort
+from ..runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
+from ..session.settlement import DEFAULT_FENCE
+from ..sim.model import SimBehaviour, SimulatorModel
+from ..synth.port import Synthesizer
+from ..synth.simulated import SimulatorSynthesizer
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    max_sessions: int = 4
+    max_session_model_frames: int = DEFAULT_MAX_SESSION_MODEL_FRAMES
+    settlement_blank_frames: int = DEFAULT_FENCE
+    default_instructions: str = ""
+    model_kind: str = "simulator"
+    model_factory: Callable[[], ModelPort] = field(default=lambda: SimulatorModel())
+    synthesizer: Synthesizer | None = field(default_factory=SimulatorSynthesizer)
+
+    @classmethod
+    def simulator(cls, *, prefill_delay_s: float = 0.05, behaviour: SimBehaviour | None = None, **kw) -> ServerConfig:
+        """The embedded CPU default: the simulator model with a measurable prefill (the model-ready barrier)."""
+        base = behaviour or SimBehaviour()
+        if prefill_delay_s and not base.prefill_delay_s:
+            from dataclasses import replace
+
+            base = replace(base, prefill_delay_s=prefill_delay_s)
+        return cls(model_kind="simulator", model_factory=lambda: SimulatorModel(base), **kw)

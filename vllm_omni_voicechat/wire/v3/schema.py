@@ -1,0 +1,81 @@
+"""v3 constants: protocol object, capabilities, session description and close codes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...audio.frames import FRAME_MS, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+
+PROTOCOL_NAME = "voicechat.realtime"
+PROTOCOL_VERSION = 3
+PROTOCOL = {"name": PROTOCOL_NAME, "version": PROTOCOL_VERSION}
+MODEL_OUTPUT_MODE = "client_authored_v1"
+
+MAX_APPEND_BYTES = 40_960
+
+CLOSE_NORMAL = 1000
+CLOSE_PROTOCOL = 1002
+CLOSE_INTERNAL = 1011
+CLOSE_BUSY = 1013
+
+_PROTOCOL_VIOLATIONS = frozenset(
+    {
+        "unsupported_protocol_version",
+        "invalid_event_id",
+        "invalid_client_turn_id",
+        "input_turn_conflict",
+        "deferred_input_overflow",
+    }
+)
+
+
+def close_code_for(fatal_code: str) -> int:
+    """The WebSocket close code that follows a fatal error with this code."""
+    if fatal_code == "session_position_limit":
+        return CLOSE_NORMAL
+    if fatal_code == "server_busy":
+        return CLOSE_BUSY
+    if fatal_code in _PROTOCOL_VIOLATIONS:
+        return CLOSE_PROTOCOL
+    return CLOSE_INTERNAL
+
+
+def capabilities(
+    *,
+    typed_input: bool,
+    max_session_model_frames: int,
+    single_client: bool,
+    legacy_turns: bool = False,
+) -> dict[str, Any]:
+    return {
+        "server_turn_detection": "rnnt" if legacy_turns else None,
+        "input_turn_detection": "server_rnnt" if legacy_turns else "client_smart_turn_v1",
+        "input_transcription": True,
+        "function_calling": True,
+        "typed_input": typed_input,
+        "settings_mutable_until": "first_model_input_frame",
+        "single_client": single_client,
+        "function_call_timeout_seconds": 30.0,
+        "function_output_max_bytes": 16384,
+        "function_output_max_tokens": 128,
+        "function_output_recovery_max_frames": 256,
+        "function_output_ack_timeout_seconds": 30.0,
+        "max_function_calls_per_response": 8,
+        "function_event_emit_timeout_seconds": 5.0,
+        "max_session_model_frames": max_session_model_frames,
+        "binary_audio": False,
+        "function_output_model_output": {"mode": MODEL_OUTPUT_MODE},
+    }
+
+
+def audio_formats() -> dict[str, Any]:
+    return {
+        "input_audio_format": "pcm16",
+        "input_audio_sample_rate": INPUT_SAMPLE_RATE,
+        "output_audio_format": "pcm16",
+        "output_audio_sample_rate": OUTPUT_SAMPLE_RATE,
+    }
+
+
+def created_session(session_id: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    return {"id": session_id, **audio_formats(), "frame_duration_ms": FRAME_MS, "checkpoint": checkpoint}
