@@ -12,6 +12,7 @@ import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
 from vllm_omni_voicechat.server import ServerConfig, create_app
+from vllm_omni_voicechat.server.app import VoicechatServer
 
 
 def free_port() -> int:
@@ -23,28 +24,43 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_server(config: ServerConfig) -> Iterator[str]:
     """Yields the base ws:// URL once uvicorn is listening; stops and joins the server afterwards."""
+    with running_app(config) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def running_app(config: ServerConfig) -> Iterator[tuple[str, "VoicechatServer"]]:
+    """Like ``running_server`` but also yields the app's VoicechatServer (admission, live sessions)."""
     ready = threading.Event()
     app = create_app(config, on_ready=ready.set)
-    port = free_port()
+    # Bind and listen before uvicorn starts: connections queue in the backlog instead of being refused.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, ws_ping_interval=None, ws_ping_timeout=None, log_level="warning")
+        uvicorn.Config(app, ws_ping_interval=None, ws_ping_timeout=None, log_level="warning")
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     if not ready.wait(30):
         raise RuntimeError("server did not start")
     try:
-        yield f"ws://127.0.0.1:{port}"
+        yield f"ws://127.0.0.1:{port}", app.state.voicechat
     finally:
         server.should_exit = True
         thread.join(30)
+        sock.close()
 
 
 class RawClient:
     """A raw JSON WebSocket client: no protocol help, explicit timeouts on every receive."""
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
-        self.ws: ClientConnection = connect(url, open_timeout=timeout, ping_interval=None, max_size=None)
+        self.ws: ClientConnection = connect(
+            url, open_timeout=timeout, ping_interval=None, max_size=None, proxy=None, legacy=True
+        )
         self.timeout = timeout
         self.received: list[dict] = []
 
