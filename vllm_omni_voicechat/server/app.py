@@ -64,6 +64,8 @@ class VoicechatServer:
                     "ready": self.typed_ready,
                     "synthesizer": getattr(self.config.synthesizer, "name", None),
                 },
+                "checkpoint": {"model": self.config.model_kind},
+                "host_runtime": "cpu-simulator" if self.config.model_kind == "simulator" else "vllm-omni",
                 "uptime_seconds": round(time.monotonic() - self.started_at, 3),
             }
         )

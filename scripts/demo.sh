@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The main job on a fresh machine: set up, start the simulator server, run the example v3 conversation
+# against it over a real WebSocket (spoken turn, typed turn, barge-in), write the assistant audio, stop.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/pip install -q -e .
+PORT=${PORT:-$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+.venv/bin/vllm-omni-voicechat serve --model sim --host 127.0.0.1 --port "$PORT" --log-level warning &
+SERVER=$!
+trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
+.venv/bin/python - "$PORT" <<'PY'
+import sys, time, urllib.request
+deadline = time.monotonic() + 60
+while True:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=1)
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit("the server did not become ready")
+        time.sleep(0.1)
+PY
+.venv/bin/python examples/v3_conversation.py --url "ws://127.0.0.1:$PORT/v1/realtime" --wav out/v3_assistant.wav "$@"
