@@ -43,6 +43,7 @@ class VoicechatServer:
         self.admission = Admission(config.max_sessions)
         self.started_at = time.monotonic()
         self.sessions: dict[str, SessionShell] = {}
+        self.cleanup_failure: str | None = None  # set when a session's model abort failed: new sessions refused
 
     @property
     def typed_ready(self) -> bool:
@@ -52,8 +53,9 @@ class VoicechatServer:
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse(
             {
-                "status": "ready",
-                "model": "ready",
+                "status": "degraded" if self.cleanup_failure else "ready",
+                "model": "cleanup_failed" if self.cleanup_failure else "ready",
+                **({"model_cleanup_failure": self.cleanup_failure} if self.cleanup_failure else {}),
                 "model_kind": self.config.model_kind,
                 "protocol": dict(PROTOCOL),
                 "auth_required": False,
@@ -123,6 +125,12 @@ class VoicechatServer:
 
         for item in protocol.start(time.monotonic()):
             await sink(item)
+        if self.cleanup_failure is not None:
+            # A poisoned model home: greet, then fail the session before it can touch the model.
+            for item in protocol.poisoned(self.cleanup_failure, time.monotonic()):
+                await sink(item)
+            await websocket.close(close_code or 1011)
+            return
         shell = SessionShell(protocol, cfg.model_factory(), sink, synthesizer=cfg.synthesizer)
         self.sessions[core.session_id] = shell
 
@@ -146,6 +154,9 @@ class VoicechatServer:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             self.sessions.pop(core.session_id, None)
+            if shell.cleanup_error is not None:
+                self.cleanup_failure = f"model abort failed: {shell.cleanup_error}"
+                log.error("session %s: %s; refusing new sessions", core.session_id, self.cleanup_failure)
         if not gone:
             try:
                 await websocket.close(close_code or 1000)

@@ -156,7 +156,8 @@ class SessionCore:
         self._stopping = False
         # configuration
         self.prompt: SessionPrompt | None = None
-        self._pending_config: Configure | None = None
+        # The head is being prefilled; later updates wait so each ack follows the prefill of what it acks.
+        self._configs: deque[Configure] = deque()
         self._settings_locked = False
         self._model_started = False
         # turns and responses
@@ -219,7 +220,7 @@ class SessionCore:
 
     def poll(self, now: float) -> Tick:
         """Advance the session: start the next due position, if any."""
-        while not self.closed and self.runner.in_flight is None and self._pending_config is None:
+        while not self.closed and self.runner.in_flight is None and not self._configs:
             if self._plan is None:
                 self._advance()
             # An idle plan (response silence) is recomputed on every poll, so new client work preempts it.
@@ -273,17 +274,24 @@ class SessionCore:
         return self._drain()
 
     def prefilled(self, now: float) -> list[Output]:
-        cfg, self._pending_config = self._pending_config, None
-        if cfg is None or self.closed:
+        if not self._configs or self.closed:
             return self._drain()
+        cfg = self._configs.popleft()
         self.prompt = cfg.prompt
         self._emit(SessionConfigured(cfg.prompt, cfg.client_event_id, restarted=True))
+        while self._configs:
+            nxt = self._configs[0]
+            if nxt.prompt != self.prompt:
+                self._emit(Prefill(nxt.prompt))
+                break
+            self._configs.popleft()
+            self._emit(SessionConfigured(nxt.prompt, nxt.client_event_id, restarted=False))
         return self._drain()
 
     def prefill_failed(self, error: BaseException, now: float) -> list[Output]:
-        self._pending_config = None
         if not self.closed:
             self._fatal("internal_error", f"model prefill failed: {error}", closed=("failed", "internal_error"))
+        self._configs.clear()
         return self._drain()
 
     def synthesis_done(self, job_id: str, pcm16: bytes, now: float) -> list[Output]:
@@ -332,7 +340,7 @@ class SessionCore:
         out: list[Output] = []
         if self._typed is not None and not self._typed.mutated:
             out.append(CancelSynthesis(self._typed.job_id))
-        if self._model_started or self._pending_config is not None or self.configured:
+        if self._model_started or self._configs or self.configured:
             out.append(AbortModel())
         self._reset_work()
         self._out.clear()
@@ -344,10 +352,13 @@ class SessionCore:
         if self.settings_locked or self._turn_or_job_active():
             self._emit(Error("settings_locked", "session settings are locked after the first model input", False, cmd.client_event_id))
             return
-        if self.prompt is not None and cmd.prompt == self.prompt and self._pending_config is None:
+        if self._configs:
+            self._configs.append(cmd)  # evaluated once the prefill in progress completes
+            return
+        if self.prompt is not None and cmd.prompt == self.prompt:
             self._emit(SessionConfigured(cmd.prompt, cmd.client_event_id, restarted=False))
             return
-        self._pending_config = cmd
+        self._configs.append(cmd)
         self._emit(Prefill(cmd.prompt))
 
     def _turn_or_job_active(self) -> bool:
@@ -774,7 +785,7 @@ class SessionCore:
         if self.closed:
             return
         self._stopping = True
-        if self._model_started or self._pending_config is not None or self.configured:
+        if self._model_started or self._configs or self.configured:
             self._emit(AbortModel())
         # Every typed request gets its answer and every response exactly one terminal before the error (a v3
         # client disconnects on the fatal error itself); the position guard closes its brackets after it.
@@ -800,6 +811,7 @@ class SessionCore:
 
     def _reset_work(self) -> None:
         self._queue.clear()
+        self._configs.clear()
         proc, self._proc = self._proc, None
         if proc is not None and inspect.getgeneratorstate(proc) != inspect.GEN_RUNNING:
             proc.close()

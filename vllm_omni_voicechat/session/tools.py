@@ -36,7 +36,7 @@ def normalize_tools(tools: Any) -> tuple[ToolSpec, ...]:
                 raise InvalidTools(f'tools[{i}] must be {{"type": "function", "function": {{...}}}} or {{name, ...}}')
             body = entry["function"]
         name = body.get("name")
-        if not isinstance(name, str) or not TOOL_NAME_RE.match(name):
+        if not isinstance(name, str) or not TOOL_NAME_RE.fullmatch(name):
             raise InvalidTools(f"tools[{i}].name must match {TOOL_NAME_RE.pattern}")
         key = name.replace("-", "_")
         if key in seen:

@@ -60,6 +60,7 @@ class SessionShell:
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
         self._tasks: set[asyncio.Task] = set()
         self.positions = 0
+        self.cleanup_error: BaseException | None = None  # model.abort() failed: the model home is suspect
 
     # --- inputs -----------------------------------------------------------------------------------------
 
@@ -123,7 +124,10 @@ class SessionShell:
                 continue
             match output:
                 case AbortModel():
-                    await loop.run_in_executor(self._executor, self.model.abort)
+                    try:
+                        await loop.run_in_executor(self._executor, self.model.abort)
+                    except Exception as exc:
+                        self.cleanup_error = exc
                 case Prefill(prompt=prompt):
                     self._spawn(self._prefill(prompt))
                 case StartSynthesis(job_id=job_id, text=text):
@@ -163,9 +167,13 @@ class SessionShell:
     async def _teardown(self) -> None:
         if not self.core.closed:  # cancelled from outside: tear down like a disconnect
             outputs = self.core.disconnect(self._clock())
-            for output in outputs:
-                if isinstance(output, AbortModel):
-                    self._executor.submit(self.model.abort)
+            if any(isinstance(o, AbortModel) for o in outputs):
+                try:
+                    await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._executor, self.model.abort))
+                except asyncio.CancelledError:
+                    pass
+                except Exception as exc:
+                    self.cleanup_error = exc
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

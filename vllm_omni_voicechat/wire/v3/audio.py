@@ -35,9 +35,8 @@ def decode_append(msg: dict[str, Any]) -> bytes:
         raise AudioRejected("empty_audio", "audio is missing or empty")
     if not isinstance(audio, str):
         raise AudioRejected("invalid_audio", "audio must be a base64 string")
-    # Reject oversize input before decoding it: base64 holds 3 bytes per 4 characters.
-    if len(audio) > (MAX_APPEND_BYTES // 3 + 1) * 4:
-        raise AudioRejected("audio_packet_too_large", f"at most {MAX_APPEND_BYTES} decoded bytes per append")
+    # The transport bounds the message size (uvicorn's ws_max_size), so decoding before the size check is safe
+    # and keeps the contract's order: invalid_audio before audio_packet_too_large.
     try:
         pcm = pybase64.b64decode(audio, validate=True)
     except (binascii.Error, ValueError) as exc:

@@ -74,6 +74,10 @@ class V3Session:
             )
         ]
 
+    def poisoned(self, failure: str, now: float) -> list[V3Output]:
+        """The previous session's model cleanup failed: this session fails before it starts."""
+        return self._project(self.core.abort_session("model_cleanup_failed", failure, now))
+
     def receive(self, message: str | bytes, now: float) -> list[V3Output]:
         if self.core.closed:
             return []
