@@ -161,12 +161,40 @@ def test_chained_calls_and_a_cycle_that_never_finishes():
     assert r.function.awaiting_eotr and r.function.busy
 
 
-def test_sotc_on_the_eou_position_with_tools():
+def test_sotc_on_the_eou_position_is_latched_replayed_once_and_bos_follows_the_result():
     m = SimulatorModel(SimBehaviour(sotc_on_eou=True))
     m.prefill(SessionPrompt("", TOOLS))
     say(m, "hello")
-    r = m.step(PositionInput(SILENT_INPUT_FRAME, PositionControls(eou_now=True)))
-    assert r.eou_consumed and r.function.token == SOTC and r.agent.control is AgentControl.PAD
+    eou = m.step(PositionInput(SILENT_INPUT_FRAME, PositionControls(eou_now=True)))
+    assert eou.eou_consumed and eou.agent.control is AgentControl.PAD  # the agent turn is deferred
+    assert eou.function.token is None and eou.function.latched and eou.function.busy  # staged, effective PAD
+    assert eou.function.post_fc_bos_pending
+    assert eou.telemetry["client_eou_sotc_staged_count"] == 1 and eou.telemetry["latch_pending"]
+    nxt = m.step(PositionInput(SILENT_INPUT_FRAME))
+    assert nxt.function.token == SOTC and nxt.function.active and not nxt.function.latched
+    assert nxt.telemetry["client_eou_sotc_committed_count"] == 1
+    assert nxt.telemetry["client_eou_sotc_committed_frame"] == eou.telemetry["client_eou_sotc_staged_frame"] + 1
+    controls, bos = PositionControls(), None
+    for _ in range(200):
+        r = m.step(PositionInput(SILENT_INPUT_FRAME, controls))
+        controls = PositionControls(tool_result_tokens=("x",)) if r.tool_call else PositionControls()
+        assert r.telemetry["client_eou_sotc_committed_count"] == 1  # replayed once
+        if r.agent.control is AgentControl.AGENT_BOS:
+            bos = r
+            break
+    assert bos is not None and bos.boundary.started
+
+
+def test_pre_eou_function_head_predictions_are_forced_to_pad():
+    m = SimulatorModel(SimBehaviour(function_head_sotc_at=1))
+    m.prefill(SessionPrompt("", TOOLS))
+    m.step(PositionInput(SILENT_INPUT_FRAME))
+    r = m.step(PositionInput(SILENT_INPUT_FRAME, PositionControls(pre_eou=True), True))
+    assert r.function.token is None and not r.function.busy
+    assert r.telemetry["pre_eou_suppressed_tokens"] == 1 and r.telemetry["pre_eou_suppressed_frame"] == 1
+    free = SimulatorModel(SimBehaviour(function_head_sotc_at=0))
+    free.prefill(SessionPrompt("", TOOLS))
+    assert free.step(PositionInput(SILENT_INPUT_FRAME)).function.token == SOTC  # not pre-EOU: effective
 
 
 def test_legacy_mode_takes_the_turn_after_n_blanks():

@@ -76,6 +76,8 @@ class PositionControls:
     """Queue these tool-result tokens for injection into the function channel, one per position."""
     reset: bool = False
     """Reset the model session to its freshly prefilled state before this position (abort recovery)."""
+    pre_eou: bool = False
+    """A client-owned settlement position: function-head predictions are recorded and forced to PAD."""
 
 
 NO_CONTROLS = PositionControls()
@@ -139,12 +141,17 @@ class FunctionState:
     """Result tokens still queued for injection."""
     background: bool = False
     """A background (asynchronous) function worker is running."""
+    post_fc_bos_pending: bool = False
+    """Deferred BOS: the model will force agent BOS once the injected result is through (not a cycle flag)."""
+    latched: bool = False
+    """An SOTC predicted on the EOU-consuming position is staged in the one-token latch, to be replayed."""
 
     @property
     def busy(self) -> bool:
         """Any function-cycle flag set: the cycle is not idle."""
         return bool(
-            self.active
+            self.latched
+            or self.active
             or self.awaiting_result
             or self.injecting
             or self.awaiting_eotr
@@ -212,6 +219,8 @@ class StepResult:
     """Blank count seen when an armed fence fired (the fused-EOU marker's ``blank_count_at_check``)."""
     timings: StepTimings = StepTimings()
     """Model-side timings."""
+    telemetry: dict[str, Any] = field(default_factory=dict)
+    """Model telemetry for the turn trace (e.g. PAD-forcing and SOTC-latch counts and frame edges)."""
 
 
 class ModelError(RuntimeError):

@@ -25,18 +25,33 @@ class AppendAudio(Command):
 
     pcm: bytes
     client_event_id: str | None = None
+    wire_bytes: int = 0
+    """Size of the client message that carried it (bounds the deferred FIFO); 0 when unknown."""
 
 
 @dataclass(frozen=True, slots=True)
 class StartTurn(Command):
     client_turn_id: int
     client_event_id: str
+    wire_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class CommitTurn(Command):
     client_turn_id: int
     client_event_id: str
+    wire_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitFunctionOutput(Command):
+    """A client's result for a published call (shape of the item already checked by the wire parser)."""
+
+    call_id: object
+    output: object
+    model_output: object = None
+    model_output_negotiated: bool = False
+    client_event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

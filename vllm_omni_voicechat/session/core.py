@@ -15,7 +15,9 @@ cancel tail -> turn start, or settlement -> fused EOU/BOS, read top to bottom.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 import uuid
 from collections import deque
 from collections.abc import Generator
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..audio.frames import INPUT_FRAME_BYTES, SILENT_INPUT_FRAME, FrameAssembler
+from ..model.prompt import wrap_tool_result
+from ..model.tokens import split_tokens
 from ..model.port import (
     NO_CONTROLS,
     AgentControl,
@@ -38,13 +42,25 @@ from ..runner.stage0 import (
     Stage0Runner,
     StepMetrics,
 )
-from .commands import AppendAudio, Command, CommitTurn, Configure, RequestTypedInput, StartTurn, Stop
+from .commands import (
+    AppendAudio,
+    Command,
+    CommitTurn,
+    Configure,
+    RequestTypedInput,
+    StartTurn,
+    Stop,
+    SubmitFunctionOutput,
+)
 from .events import (
     AbortModel,
     AudioDelta,
     AudioDone,
     CancelSynthesis,
     Error,
+    FunctionCallFailed,
+    FunctionCallPublished,
+    FunctionOutputApplied,
     NativeEvent,
     Output,
     PositionMetrics,
@@ -67,6 +83,19 @@ from .events import (
     TypedInjectionStarted,
     TypedRejected,
 )
+from .functions import (
+    FUNCTION_CALL_TIMEOUT_S,
+    FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES,
+    MAX_FUNCTION_CALLS_PER_RESPONSE,
+    Cycle,
+    DeferredInput,
+    OutputRejected,
+    Tokenizer,
+    advertised_name,
+    arguments_json,
+    call_id_for,
+    result_tokens,
+)
 from .gate import InputGate, MicFrame
 from .settlement import DEFAULT_FENCE, Settlement, bos_contract_failure
 from .turns import TurnLedger
@@ -88,6 +117,11 @@ class SessionConfig:
     onset_context_frames: int = 2
     typed_input_ready: bool = True
     frame_seconds: float = 0.08
+    tokenizer: Tokenizer = split_tokens
+    """Tool-result text -> model tokens (the model home's tokenizer; the simulator's by default)."""
+    function_call_timeout_s: float = FUNCTION_CALL_TIMEOUT_S
+    max_function_calls_per_response: int = MAX_FUNCTION_CALLS_PER_RESPONSE
+    function_recovery_max_frames: int = FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +205,18 @@ class SessionCore:
         self._used_job_ids: set[str] = set()
         self._typed: TypedJob | None = None
         self._typed_waiting: deque[RequestTypedInput] = deque()
+        # function calls
+        self.cycle: Cycle | None = None
+        self._deferred = DeferredInput()
+        self._calls_published = 0
+        self._scope_turn_id: str | None = None
+        self._scope_calls = 0
+        self._eou_turn_id: str | None = None
+        self._pending_bos_turn: str | None = None
+        self._inject_next: tuple[str, ...] = ()
+        self._cancelling = False
+        self._model_busy = False
+        self._now = 0.0
 
     # ================================================================ public API
 
@@ -196,11 +242,19 @@ class SessionCore:
     def receive(self, command: Command, now: float) -> list[Output]:
         if self.closed:
             return []
+        self._now = now
         if self._stopping:
             # session.stop is permanent: nothing after it is admitted; typed requests still get their answer.
             if isinstance(command, RequestTypedInput):
                 self._emit(TypedRejected(command.job_id, "typed_input_unavailable"))
             return self._drain()
+        if self.cycle is not None and isinstance(command, (AppendAudio, StartTurn, CommitTurn)):
+            self._defer(command)
+            return self._drain()
+        self._dispatch(command)
+        return self._drain()
+
+    def _dispatch(self, command: Command) -> None:
         match command:
             case AppendAudio():
                 self._on_append(command)
@@ -214,19 +268,32 @@ class SessionCore:
                 self._on_configure(command)
             case Stop():
                 self._on_stop(command)
+            case SubmitFunctionOutput():
+                self._on_function_output(command)
             case _:
                 raise TypeError(f"unknown command {command!r}")
-        return self._drain()
 
     def poll(self, now: float) -> Tick:
         """Advance the session: start the next due position, if any."""
+        self._now = now
+        cycle = self.cycle
+        if cycle is not None and cycle.state == "awaiting" and now >= cycle.deadline and not self.closed:
+            self._function_timeout(cycle)
         while not self.closed and self.runner.in_flight is None and not self._configs:
             if self._plan is None:
                 self._advance()
             # An idle plan (response silence) is recomputed on every poll, so new client work preempts it.
             plan = self._plan or self._idle_plan()
             if plan is None:
+                if self.cycle is not None and self.cycle.state == "awaiting":
+                    return Tick(self._drain(), wake_at=self.cycle.deadline)
                 break
+            if self._inject_next:
+                plan = dataclasses.replace(
+                    plan, controls=dataclasses.replace(plan.controls, tool_result_tokens=self._inject_next)
+                )
+                if self._plan is not None:
+                    self._plan = plan
             due = self.runner.due_at(plan.kind, now)
             if due > now:
                 return Tick(self._drain(), wake_at=due)
@@ -235,6 +302,7 @@ class SessionCore:
             except PositionLimitReached as limit:
                 self._fatal_position_limit(limit)
                 break
+            self._inject_next = ()
             self._plan = plan
             self._model_started = True
             return Tick(self._drain(), position=position)
@@ -243,6 +311,7 @@ class SessionCore:
     def complete(self, position: Position, result: StepResult, now: float) -> list[Output]:
         """Deliver a finished position's result."""
         metrics = self.runner.finish(position, result, now)
+        self._now = now
         plan, self._plan = self._plan, None
         if self.closed:
             return self._drain()
@@ -418,7 +487,7 @@ class SessionCore:
             configured=self.configured,
             synthesizer_ready=self.config.typed_input_ready,
             mic_turn_open=self.turns.turn_open,
-            function_cycle_open=False,  # function cycles: see the function-call issue
+            function_cycle_open=self.cycle is not None,
             used_job_ids=self._used_job_ids | {r.job_id for r in self._typed_waiting},  # type: ignore[misc]
         )
         if reason is not None:
@@ -510,10 +579,13 @@ class SessionCore:
                     return self._typed_proc(item.payload)
                 case "stop":
                     return self._stop_proc()
+                case "recovery":
+                    return self._recovery_proc(item.payload)
         return None
 
     def _idle_plan(self) -> _Plan | None:
-        if self.response is not None:
+        # An open response, or function-channel work the model is in the middle of, keeps the clock moving.
+        if self.response is not None or self._model_busy:
             return _Plan(PositionKind.RESPONSE_SILENCE)
         return None
 
@@ -585,6 +657,13 @@ class SessionCore:
         response = self.response
         assert response is not None
         controls = PositionControls(agent_eos=True)
+        self._cancelling = True
+        try:
+            yield from self._drain_cancel(response, reason, controls)
+        finally:
+            self._cancelling = False
+
+    def _drain_cancel(self, response: _Response, reason: str, controls: PositionControls) -> Procedure:
         for _ in range(self.config.cancel_tail_max_positions):
             result = yield _Plan(PositionKind.CANCEL_TAIL, SILENT_INPUT_FRAME, controls)
             controls = NO_CONTROLS
@@ -609,7 +688,7 @@ class SessionCore:
         fused = not (self.prompt and self.prompt.tools)
         settlement = Settlement(fence=self.config.settlement_blank_frames, fused=fused, blank_count=self.blank_count)
         while not (not fused and settlement.fence_met):
-            controls = settlement.next_controls()
+            controls = dataclasses.replace(settlement.next_controls(), pre_eou=True)
             result = yield _Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, controls)
             outcome = settlement.on_result(result, controls)
             if outcome.kind == "fatal":
@@ -622,6 +701,7 @@ class SessionCore:
                 )
                 return
             if outcome.kind == "fused_terminal":
+                self._eou_turn_id = turn.turn_id
                 self._publish(result, ack=ack, close_turn=True)
                 return
             self._publish(result)
@@ -632,12 +712,145 @@ class SessionCore:
             self._emit(ack)
         self._close_input_turn()
         result = yield _Plan(PositionKind.EOU, SILENT_INPUT_FRAME, PositionControls(eou_now=True))
+        self._eou_turn_id = turn.turn_id
+        details = {"source": turn.source, "job_id": turn.job_id}
+        if result.agent.control is not AgentControl.AGENT_BOS:
+            if result.function.busy:
+                # The EOU position opened a function cycle: BOS is expected after its result (deferred BOS).
+                if self._pending_bos_turn is not None:
+                    self._fatal("overlapping_bos_expectation", "a deferred BOS is already pending", details=details)
+                    return
+                self._pending_bos_turn = turn.turn_id
+                self._publish(result, eou_turn_id=turn.turn_id)
+                return
+            self._fatal("missing_terminal_bos", "the EOU position produced neither agent BOS nor a function cycle",
+                        details=details)
+            return
         failure = bos_contract_failure(result)
         if failure is not None:
-            # A function cycle opened by the EOU position defers BOS: see the function-call issue.
-            self._fatal("separate_eou_contract_failure", failure, details={"source": turn.source, "job_id": turn.job_id})
+            self._fatal("separate_eou_contract_failure", failure, details=details)
             return
         self._publish(result, eou_turn_id=turn.turn_id)
+
+    # ================================================================ function calls
+
+    def _on_tool_call(self, result: StepResult, suppress: bool) -> None:
+        """A call completed on the function channel: publish it as a transaction, or refuse it."""
+        call = result.tool_call
+        assert call is not None
+        if suppress or self._cancelling:
+            # The initiating turn is being cancelled by a new client turn: never shown to the client.
+            self._inject_next = tuple(self.config.tokenizer(wrap_tool_result('{"error":"cancelled_by_new_client_turn"}')))
+            return
+        if self.cycle is not None:
+            self._fatal("internal_error", "a second function cycle overlapped the open one",
+                        closed=("failed", "internal_error"))
+            return
+        response = self.response
+        turn_id = response.turn_id if response is not None else (self._eou_turn_id or self._new_turn_id())
+        if turn_id != self._scope_turn_id:
+            self._scope_turn_id, self._scope_calls = turn_id, 0  # a new user turn starts a fresh budget
+        self._scope_calls += 1
+        self._calls_published += 1
+        call_id = call_id_for(self.session_id, self._calls_published)
+        limit = self.config.max_function_calls_per_response
+        if self._scope_calls > limit:
+            self._fatal(
+                "function_call_loop_limit",
+                f"more than {limit} function calls in one user turn",
+                details={"call_id": call_id, "attempt": self._scope_calls, "limit": limit},
+                closed=("failed", "function_call_loop_limit"),
+            )
+            return
+        if response is None:
+            response = self._open_response(turn_id)
+        tools = self.prompt.tools if self.prompt else ()
+        name = advertised_name(call.name, tools)
+        self.cycle = Cycle(
+            call_id=call_id,
+            name=name,
+            turn_id=turn_id,
+            response_id=response.response_id,
+            deadline=self._now + self.config.function_call_timeout_s,
+            deferred_bos=self._pending_bos_turn is not None,
+        )
+        self._pending_bos_turn = None
+        self._emit(FunctionCallPublished(turn_id, response.response_id, call_id, name, arguments_json(call, tools)))
+
+    def _on_function_output(self, cmd: SubmitFunctionOutput) -> None:
+        try:
+            tokens = result_tokens(
+                self.cycle, cmd.call_id, cmd.output, cmd.model_output, cmd.model_output_negotiated, self.config.tokenizer
+            )
+        except OutputRejected as rejected:
+            # Recoverable: the call stays pending, a corrected resubmission can still complete it.
+            self._emit(Error("invalid_function_call_output", rejected.message, False, cmd.client_event_id,
+                             {"call_id": rejected.call_id}))
+            return
+        cycle = self.cycle
+        assert cycle is not None
+        self._start_recovery(cycle, tokens)
+
+    def _function_timeout(self, cycle: Cycle) -> None:
+        self._emit(FunctionCallFailed(cycle.turn_id, cycle.response_id, cycle.call_id, "function_call_output_timeout"))
+        if cycle.deferred_bos:
+            self._fatal(
+                "function_call_output_timeout",
+                f"no result for {cycle.call_id} within {self.config.function_call_timeout_s:g} s (deferred BOS pending)",
+                details={"call_id": cycle.call_id},
+            )
+            return
+        cycle.terminal = "failed"
+        tokens = tuple(self.config.tokenizer(wrap_tool_result('{"error":"function_call_output_timeout"}')))
+        self._start_recovery(cycle, tokens)
+
+    def _start_recovery(self, cycle: Cycle, tokens: tuple[str, ...]) -> None:
+        cycle.state = "recovering"
+        self._inject_next = tokens
+        self._queue.appendleft(_Item("recovery", cycle))
+
+    def _recovery_proc(self, cycle: Cycle) -> Procedure:
+        """Zero-input positions at >= 80 ms until the cycle is idle (and a deferred BOS arrived), then ack."""
+        for _ in range(self.config.function_recovery_max_frames):
+            result = yield _Plan(PositionKind.RECOVERY)
+            self._publish(result)
+            if self.closed:
+                return
+            fn = result.function
+            if cycle.deferred_bos:
+                if result.agent.control is AgentControl.AGENT_BOS:
+                    cycle.deferred_bos = False
+                elif not fn.busy and not fn.post_fc_bos_pending:
+                    self._fatal("missing_post_fc_terminal_bos",
+                                "the function cycle ended without the deferred agent BOS",
+                                details={"call_id": cycle.call_id})
+                    return
+            if not fn.busy and not cycle.deferred_bos:
+                self._finish_cycle(cycle)
+                return
+        self._fatal(
+            "function_output_apply_timeout",
+            f"post-function recovery not idle within {self.config.function_recovery_max_frames} positions",
+            details={"call_id": cycle.call_id},
+        )
+
+    def _finish_cycle(self, cycle: Cycle) -> None:
+        self.cycle = None
+        if cycle.terminal == "applied":
+            self._emit(FunctionOutputApplied(cycle.call_id))
+        for command in self._deferred.drain():  # held microphone input, in its original order
+            if self.closed:
+                return
+            self._dispatch(command)
+
+    def _defer(self, command: Command) -> None:
+        size = getattr(command, "wire_bytes", 0) or (len(command.pcm) if isinstance(command, AppendAudio) else 64)
+        if not self._deferred.offer(command, size):
+            self._fatal(
+                "deferred_input_overflow",
+                f"more than {self._deferred.limit} bytes of input held during a function cycle",
+                client_event_id=getattr(command, "client_event_id", None),
+            )
 
     # ================================================================ publication
 
@@ -652,6 +865,7 @@ class SessionCore:
     ) -> None:
         """Publish one position's events in contract order; then its metrics."""
         self.blank_count = result.rnnt.blank_count
+        self._model_busy = result.function.busy or result.function.post_fc_bos_pending
         if ack is not None:
             self._emit(ack)
         delta = result.rnnt.text_delta
@@ -666,10 +880,11 @@ class SessionCore:
             eou_turn_id = self._close_input_turn()
         agent = result.agent
         if agent.control is AgentControl.AGENT_BOS and self.response is None:
-            turn_id = eou_turn_id or self._new_turn_id()
-            self._response_seq += 1
-            self.response = _Response(turn_id, f"response_{self.session_id}_{self._response_seq}")
-            self._emit(ResponseCreated(turn_id, self.response.response_id))
+            self._open_response(eou_turn_id or self._new_turn_id())
+        if result.tool_call is not None:
+            self._on_tool_call(result, suppress)
+            if self.closed:
+                return
         response = self.response
         if response is not None and not suppress:
             if agent.delta:
@@ -705,6 +920,8 @@ class SessionCore:
                     "agent_control": result.agent.control.value,
                     "boundary": result.boundary.phase.value,
                     "late_ms": round(m.late_ms, 3),
+                    "function_cycle": self.cycle.call_id if self.cycle else None,
+                    "model": result.telemetry,
                 },
             )
         )
@@ -748,6 +965,12 @@ class SessionCore:
         self._emit(SpeechStopped(turn.turn_id, turn.source, turn.job_id))  # type: ignore[arg-type]
         self._emit(TranscriptCompleted(turn.turn_id, turn.transcript, turn.source, turn.job_id))  # type: ignore[arg-type]
         return turn.turn_id
+
+    def _open_response(self, turn_id: str) -> _Response:
+        self._response_seq += 1
+        self.response = _Response(turn_id, f"response_{self.session_id}_{self._response_seq}")
+        self._emit(ResponseCreated(turn_id, self.response.response_id))
+        return self.response
 
     def _close_response(self, status: str, reason: str) -> None:
         response, self.response = self.response, None
@@ -812,6 +1035,7 @@ class SessionCore:
     def _reset_work(self) -> None:
         self._queue.clear()
         self._configs.clear()
+        self._deferred.drain()
         proc, self._proc = self._proc, None
         if proc is not None and inspect.getgeneratorstate(proc) != inspect.GEN_RUNNING:
             proc.close()

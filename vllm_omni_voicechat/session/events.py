@@ -144,6 +144,35 @@ class ResponseDone(NativeEvent):
     reason: str
 
 
+# --- function calls ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallPublished(NativeEvent):
+    """A completed model call, shown to the client: ``arguments`` is a compact, sorted-key JSON object."""
+
+    turn_id: str
+    response_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallFailed(NativeEvent):
+    turn_id: str
+    response_id: str
+    call_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionOutputApplied(NativeEvent):
+    """The result was injected and post-function recovery is idle: held input may flow again."""
+
+    call_id: str
+
+
 # --- typed input -------------------------------------------------------------------------------------------
 
 

@@ -33,13 +33,13 @@ from ..model.port import (
     StepTimings,
     ToolCall,
 )
+from ..model.function_gate import FunctionGate
+from ..model.prompt import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, render_system_prompt, tools_from_prompt
 from .speech import SpeechDecoder, render_token_audio, split_tokens
 
 SOTC = "<SPECIAL_20>"
 EOTC = "<SPECIAL_21>"
 EOTR = "<SPECIAL_22>"
-TOOL_RESPONSE_OPEN = "<TOOL_RESPONSE>["
-TOOL_RESPONSE_CLOSE = "]</TOOL_RESPONSE>"
 TOKEN_IDS = {"pad": 12, "bos": 1, "eos": 2, "text": 1000}
 
 _CALL_RE = re.compile(r"^\s*call\s+([A-Za-z_][A-Za-z0-9_-]{0,127})\s*(\{.*\})?\s*\.?\s*$", re.S)
@@ -58,9 +58,13 @@ class SimBehaviour:
     self_start_response_at: int | None = None
     """Open a response by itself (agent BOS) at this position index if it is listening."""
     self_start_function_at: int | None = None
-    """Start a function cycle (SOTC) by itself at this position index if it is listening."""
+    """Start a function cycle by itself at this position index if listening (a background worker: PAD forcing
+    cannot stop it, so it shows up as pre-EOU function activity)."""
     sotc_on_eou: bool = False
-    """With tools: the EOU-consuming position predicts SOTC (opens a call instead of agent BOS)."""
+    """With tools: the function head predicts SOTC on the EOU-consuming position. It is latched and replayed on the
+    next position; the agent BOS is deferred until the call's result is through (then forced)."""
+    function_head_sotc_at: int | None = None
+    """The function head predicts SOTC at this position index (forced to PAD on pre-EOU positions)."""
     endless_response: bool = False
     """Keep speaking forever, ignoring agent EOS."""
     chained_calls: int = 1
@@ -97,6 +101,8 @@ class SimulatorModel:
         self._sleep = sleep
         self._timer = timer
         self.prompt = SessionPrompt()
+        self.system_prompt = ""
+        self.tools: tuple = ()
         self.prefills = 0
         self.aborted = False
         self._reset_state()
@@ -107,6 +113,8 @@ class SimulatorModel:
         if self.behaviour.prefill_delay_s:
             self._sleep(self.behaviour.prefill_delay_s)
         self.prompt = prompt
+        self.system_prompt = render_system_prompt(prompt)
+        self.tools = tools_from_prompt(self.system_prompt)  # the simulator honours the rendered tool block
         self.prefills += 1
         self.aborted = False
         self._reset_state()
@@ -145,20 +153,26 @@ class SimulatorModel:
         audio = SILENT_OUTPUT_FRAME
         boundary_started = ended = False
         reason: str | None = None
-        fn_token: str | None = None
-        tool_call: ToolCall | None = None
-        fn_hold = False
+        tools = bool(self.tools)
+        raw_call: tuple[str, dict] | None = None  # a call the function head predicts to start here (SOTC)
 
         if eou:
             transcript, self._transcript = self._transcript, ""
-            if b.sotc_on_eou and self.prompt.tools:
-                self._begin_cycle(self._call_for(transcript) or self._first_tool_call())
-                fn_token = self._fn_emit.popleft()
+            if b.sotc_on_eou and tools:
+                # The function head predicts SOTC on the EOU-consuming position: the gate stages it, the agent
+                # turn is deferred and BOS is forced once the call's result is through.
+                raw_call = self._call_for(transcript) or self._first_tool_call()
+                self._post_fc_bos = True
+                self._phase = _Phase.RESPONDING
+                self._reply = deque()
             else:
                 agent = AgentOutput(AgentControl.AGENT_BOS, TOKEN_IDS["bos"])
                 boundary_started = True
                 self._open_response(transcript)
-                fn_hold = True  # a call the reply needs starts on the first post-BOS position
+        elif self._force_bos_next:
+            self._force_bos_next = False
+            agent = AgentOutput(AgentControl.AGENT_BOS, TOKEN_IDS["bos"])
+            boundary_started = True
         elif self._phase is _Phase.LISTENING:
             if index == b.self_start_response_at:
                 agent = AgentOutput(AgentControl.AGENT_BOS, TOKEN_IDS["bos"])
@@ -166,9 +180,13 @@ class SimulatorModel:
                 self._phase = _Phase.RESPONDING
                 self._reply = deque(split_tokens("Hello there."))
             elif index == b.self_start_function_at and self._fn_idle:
-                self._begin_cycle(self._first_tool_call())
+                self._begin_cycle(self._first_tool_call())  # not a head prediction: the gate cannot stop it
+            elif index == b.function_head_sotc_at and self._fn_idle:
+                raw_call = self._first_tool_call()
         elif self._phase is _Phase.RESPONDING:
-            if self._fn_idle:
+            if self._fn_idle and self._next_call is not None and not self._gate.latch_pending:
+                raw_call, self._next_call = self._next_call, None
+            elif self._fn_idle and not self._gate.latch_pending:
                 agent, audio = self._speak(c.force_text_pad)
         elif self._phase is _Phase.TAIL:
             self._tail_left -= 1
@@ -176,7 +194,18 @@ class SimulatorModel:
                 ended, reason = True, "post_eos_audio_silence"
                 self._phase = _Phase.LISTENING
 
-        if fn_token is None and not fn_hold:
+        fn_token: str | None = None
+        tool_call: ToolCall | None = None
+        if raw_call is not None or (self._gate.latch_pending and not eou):
+            effective = self._gate.admit(SOTC if raw_call else None, frame=index, pre_eou=c.pre_eou, eou_position=eou)
+            if effective == SOTC:
+                self._begin_cycle(self._latched_call or raw_call or self._first_tool_call())
+                self._pending_call = self._pending_call or self._latched_call
+                self._latched_call = None
+                fn_token = self._fn_emit.popleft()
+            elif self._gate.latch_pending:
+                self._latched_call = raw_call
+        else:
             fn_token, tool_call = self._function_step()
         fn_state = self._function_state(fn_token)
 
@@ -200,6 +229,7 @@ class SimulatorModel:
             eou_consumed=eou,
             fence_blank_count=fence_count,
             timings=StepTimings(inference_ms=(self._timer() - t0) * 1000.0),
+            telemetry=self._gate.telemetry(),
         )
 
     # --- listening ----------------------------------------------------------------------------------------
@@ -224,6 +254,11 @@ class SimulatorModel:
         self._fn_awaiting_eotr = False
         self._calls_this_turn = 0
         self._pending_call: tuple[str, dict] | None = None
+        self._next_call: tuple[str, dict] | None = None
+        self._latched_call: tuple[str, dict] | None = None
+        self._post_fc_bos = False
+        self._force_bos_next = False
+        self._gate: FunctionGate[str] = FunctionGate(SOTC)
 
     def _hear(self, pcm: bytes) -> RnntEvidence:
         step = self._decoder.feed(pcm)
@@ -263,7 +298,7 @@ class SimulatorModel:
         call = self._call_for(transcript)
         if call is not None:
             self._pending_call = call
-            self._begin_cycle(call)
+            self._next_call = call  # the function head predicts it on the first post-BOS position
             self._reply = deque()
         else:
             self._reply = deque(split_tokens(_reply_text(self.behaviour.reply_template, transcript.strip())))
@@ -290,7 +325,7 @@ class SimulatorModel:
         return not (self._fn_emit or self._fn_awaiting or self._inject or self._fn_awaiting_eotr)
 
     def _tool_names(self) -> dict[str, str]:
-        return {t.name.replace("-", "_"): t.name for t in self.prompt.tools}
+        return {t.name.replace("-", "_"): t.name for t in self.tools}
 
     def _call_for(self, transcript: str) -> tuple[str, dict] | None:
         m = _CALL_RE.match(transcript)
@@ -307,7 +342,7 @@ class SimulatorModel:
         return (name, args) if isinstance(args, dict) else None
 
     def _first_tool_call(self) -> tuple[str, dict]:
-        name = self.prompt.tools[0].name if self.prompt.tools else "lookup"
+        name = self.tools[0].name if self.tools else "lookup"
         return name, {}
 
     def _begin_cycle(self, call: tuple[str, dict]) -> None:
@@ -334,21 +369,26 @@ class SimulatorModel:
                 self._fn_awaiting_eotr = True
             return token, None
         if self._fn_awaiting_eotr and not self.behaviour.function_never_finishes:
+            # EOTR ends the cycle on this position; whatever follows (a chained call, the answer, a forced
+            # BOS) starts on the next one, so the cycle boundary is clean.
             self._fn_awaiting_eotr = False
             output = _unwrap_result("".join(self._injected))
             self._injected = []
+            self._phase = _Phase.RESPONDING
             if self._pending_call is not None and self._calls_this_turn < self.behaviour.chained_calls:
-                self._begin_cycle(self._pending_call)
+                self._next_call = self._pending_call
             else:
                 self._pending_call = None
-                if self._phase is _Phase.LISTENING:
-                    self._phase = _Phase.RESPONDING
                 self._reply = deque(split_tokens(self.behaviour.tool_reply_template.format(output=output)))
+                if self._post_fc_bos:
+                    self._post_fc_bos = False
+                    self._force_bos_next = True
             return EOTR, None
         return None, None
 
     def _function_state(self, token: str | None) -> FunctionState:
-        if self._fn_idle and token is None:
+        latched = self._gate.latch_pending
+        if self._fn_idle and token is None and not self._force_bos_next and not latched:
             return IDLE_FUNCTION
         return FunctionState(
             token=token,
@@ -358,6 +398,8 @@ class SimulatorModel:
             injecting=bool(self._inject),
             awaiting_eotr=self._fn_awaiting_eotr,
             forced_tokens=len(self._inject),
+            post_fc_bos_pending=self._force_bos_next or self._post_fc_bos,
+            latched=latched,
         )
 
 

@@ -71,6 +71,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..model.tokens import split_tokens
+
 __all__ = [
     "ANALYSIS_SECONDS",
     "END_OF_UTTERANCE_SECONDS",
@@ -121,7 +123,6 @@ REAL_SPEECH_GAP_SECONDS = 0.08
 _RAMP_LOSS_SECONDS = 0.0015  # measured: a clean tone's envelope run is tone + envelope - ~1.5 ms
 _SPACE = 0x20
 _BYTE_OBJS = tuple(bytes((i,)) for i in range(256))
-_WORD_RE = re.compile(r" *[^ ]+| +")
 
 
 def _check_rate(sample_rate: int) -> int:
@@ -185,33 +186,6 @@ def render_token_audio(token: str, sample_rate: int = 22050, frame_samples: int 
     if data:
         out[: len(data) * sym] = _symbol_table(sr)[np.frombuffer(data, dtype=np.uint8)].ravel()
     return out.tobytes()
-
-
-def split_tokens(text: str, max_bytes: int = 4) -> list[str]:
-    """Split ``text`` into consecutive tokens of at most ``max_bytes`` UTF-8 bytes.
-
-    Words (a run of spaces plus the following non-space characters) are cut greedily, so a token starts
-    where a word starts and a character is never split: ``"You said: hello there."`` ->
-    ``["You", " sai", "d:", " hel", "lo", " the", "re."]``. ``"".join(tokens) == text``.
-    """
-    if max_bytes < 1:
-        raise ValueError("max_bytes must be >= 1")
-    tokens: list[str] = []
-    for word in _WORD_RE.findall(text):
-        cur: list[str] = []
-        size = 0
-        for ch in word:
-            n = len(ch.encode("utf-8"))
-            if n > max_bytes:
-                raise ValueError(f"character {ch!r} needs {n} bytes > max_bytes={max_bytes}")
-            if size + n > max_bytes:
-                tokens.append("".join(cur))
-                cur, size = [], 0
-            cur.append(ch)
-            size += n
-        if cur:
-            tokens.append("".join(cur))
-    return tokens
 
 
 # --- decoding ------------------------------------------------------------------------------------------

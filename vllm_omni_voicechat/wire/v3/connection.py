@@ -14,7 +14,15 @@ from typing import Any
 from ...model.port import SessionPrompt, StepResult
 from ...runner.stage0 import Position
 from ...session import events as ev
-from ...session.commands import AppendAudio, CommitTurn, Configure, RequestTypedInput, StartTurn, Stop
+from ...session.commands import (
+    AppendAudio,
+    CommitTurn,
+    Configure,
+    RequestTypedInput,
+    StartTurn,
+    Stop,
+    SubmitFunctionOutput,
+)
 from ...session.core import SessionCore, Tick
 from ...session.tools import InvalidTools, normalize_tools
 from ..transport import CloseTransport
@@ -56,6 +64,7 @@ class V3Session:
         self._model_output_mode: str | None = None
         self._close_code: int | None = None
         self._close_sent = False
+        self._wire_bytes = 0
 
     # ================================================================ driving interface
 
@@ -81,6 +90,7 @@ class V3Session:
     def receive(self, message: str | bytes, now: float) -> list[V3Output]:
         if self.core.closed:
             return []
+        self._wire_bytes = len(message)
         if isinstance(message, (bytes, bytearray)):
             return [self._error("binary_audio_unsupported", "binary frames are not supported; send JSON text")]
         try:
@@ -195,7 +205,7 @@ class V3Session:
             pcm = decode_append(msg)
         except AudioRejected as rejected:
             return [self._error(rejected.code, rejected.message, cid)]
-        return self._project(self.core.receive(AppendAudio(pcm, cid), now))
+        return self._project(self.core.receive(AppendAudio(pcm, cid, self._wire_bytes), now))
 
     def _barrier(self, msg: dict, now: float) -> list[V3Output]:
         event_id = msg.get("event_id")
@@ -207,9 +217,9 @@ class V3Session:
                 "invalid_client_turn_id", f"client_turn_id must be an integer >= 1, not {turn!r}", now, event_id
             )
         if msg["type"] == "input_audio_buffer.turn_start":
-            return self._project(self.core.receive(StartTurn(turn, event_id), now))
+            return self._project(self.core.receive(StartTurn(turn, event_id, self._wire_bytes), now))
         # commit diagnostics are trace-only and never fail a turn
-        return self._project(self.core.receive(CommitTurn(turn, event_id), now))
+        return self._project(self.core.receive(CommitTurn(turn, event_id, self._wire_bytes), now))
 
     def _typed(self, msg: dict, now: float) -> list[V3Output]:
         return self._project(
@@ -223,15 +233,14 @@ class V3Session:
             return [self._error("invalid_conversation_item", "item must be a function_call_output object", cid)]
         if not (self.core.prompt and self.core.prompt.tools):
             return [self._error("tools_not_set", "no tools are configured for this session", cid)]
-        call_id = item.get("call_id")
-        return [
-            self._error(
-                "invalid_function_call_output",
-                "unknown or completed call_id",
-                cid,
-                call_id=call_id,
-            )
-        ]
+        command = SubmitFunctionOutput(
+            call_id=item.get("call_id"),
+            output=item.get("output"),
+            model_output=item.get("model_output"),
+            model_output_negotiated=self._model_output_mode == MODEL_OUTPUT_MODE,
+            client_event_id=cid,
+        )
+        return self._project(self.core.receive(command, now))
 
     def _stop(self, msg: dict, now: float) -> list[V3Output]:
         return self._project(self.core.receive(Stop(_event_id(msg)), now))

@@ -131,6 +131,25 @@ class V3Projector:
                 return env("response.output_audio.done", turn_id=e.turn_id, response_id=e.response_id, empty=e.empty)
             case ev.ResponseDone():
                 return env("response.done", turn_id=e.turn_id, response_id=e.response_id, status=e.status, reason=e.reason)
+            case ev.FunctionCallPublished():
+                return env(
+                    "response.function_call_arguments.done",
+                    turn_id=e.turn_id,
+                    response_id=e.response_id,
+                    call_id=e.call_id,
+                    name=e.name,
+                    arguments=e.arguments,
+                )
+            case ev.FunctionCallFailed():
+                return env(
+                    "response.function_call.failed",
+                    turn_id=e.turn_id,
+                    response_id=e.response_id,
+                    call_id=e.call_id,
+                    reason=e.reason,
+                )
+            case ev.FunctionOutputApplied():
+                return env("conversation.item.function_call_output.applied", call_id=e.call_id)
             case ev.TypedAccepted():
                 return env("input_text.accepted", job_id=e.job_id)
             case ev.TypedRejected():

@@ -1,0 +1,60 @@
+"""The model's system prompt: instructions plus NVIDIA's function-calling tool block and a grounding paragraph.
+
+The tool list is sorted-key JSON inside ``<AVAILABLE_TOOLS>...</AVAILABLE_TOOLS>``; calls are
+``<TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>`` and results come back as
+``<TOOL_RESPONSE>[...]</TOOL_RESPONSE>``. Model homes render this text and tokenize it for the prefill.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .port import SessionPrompt, ToolSpec
+
+TOOLS_OPEN = "<AVAILABLE_TOOLS>"
+TOOLS_CLOSE = "</AVAILABLE_TOOLS>"
+TOOL_RESPONSE_OPEN = "<TOOL_RESPONSE>["
+TOOL_RESPONSE_CLOSE = "]</TOOL_RESPONSE>"
+
+GROUNDING = (
+    "Call a tool only when the user's request needs it. After a tool response arrives, answer the user and "
+    "include the exact returned result."
+)
+
+
+def render_system_prompt(prompt: SessionPrompt) -> str:
+    if not prompt.tools:
+        return prompt.instructions
+    tools = [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in prompt.tools]
+    block = (
+        "You can call the following tools when they help.\n"
+        f"{TOOLS_OPEN}{json.dumps(tools, sort_keys=True, separators=(',', ':'))}{TOOLS_CLOSE}\n"
+        'To call tools, write <TOOLCALL>[{"name": "<tool name>", "arguments": {<arguments object>}}]</TOOLCALL>; '
+        "you may list several calls, chain calls, or correct a call after its result.\n"
+        f"Each result comes back as {TOOL_RESPONSE_OPEN}<result>{TOOL_RESPONSE_CLOSE}."
+    )
+    parts = [p for p in (prompt.instructions, block, GROUNDING) if p]
+    return "\n\n".join(parts)
+
+
+_TOOLS_RE = re.compile(re.escape(TOOLS_OPEN) + r"(.*?)" + re.escape(TOOLS_CLOSE), re.S)
+
+
+def tools_from_prompt(text: str) -> tuple[ToolSpec, ...]:
+    """The tool block a rendered prompt offers (what a model honouring the prompt can call)."""
+    m = _TOOLS_RE.search(text)
+    if not m:
+        return ()
+    return tuple(ToolSpec(t["name"], t.get("description", ""), t.get("parameters", {})) for t in json.loads(m.group(1)))
+
+
+def wrap_tool_result(value: str) -> str:
+    """The injected form of a tool result: JSON values stay JSON, anything else becomes a JSON string."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        body = json.dumps(value, ensure_ascii=False)
+    else:
+        body = json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
+    return f"{TOOL_RESPONSE_OPEN}{body}{TOOL_RESPONSE_CLOSE}"
