@@ -100,6 +100,8 @@ class VoicechatServer:
                 settlement_blank_frames=cfg.settlement_blank_frames,
                 max_session_model_frames=cfg.max_session_model_frames,
                 typed_input_ready=self.typed_ready,
+                function_call_timeout_s=cfg.function_call_timeout_s,
+                function_recovery_max_frames=cfg.function_recovery_max_frames,
             )
         )
         protocol = V3Session(

@@ -19,6 +19,8 @@ class ServerConfig:
     max_session_model_frames: int = DEFAULT_MAX_SESSION_MODEL_FRAMES
     settlement_blank_frames: int = DEFAULT_FENCE
     default_instructions: str = ""
+    function_call_timeout_s: float = 30.0
+    function_recovery_max_frames: int = 256
     model_kind: str = "simulator"
     model_factory: Callable[[], ModelPort] = field(default=lambda: SimulatorModel())
     synthesizer: Synthesizer | None = field(default_factory=SimulatorSynthesizer)
