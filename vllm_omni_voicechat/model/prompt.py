@@ -8,7 +8,6 @@ The tool list is sorted-key JSON inside ``<AVAILABLE_TOOLS>...</AVAILABLE_TOOLS>
 from __future__ import annotations
 
 import json
-import re
 
 from .port import SessionPrompt, ToolSpec
 
@@ -29,7 +28,7 @@ def render_system_prompt(prompt: SessionPrompt) -> str:
     tools = [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in prompt.tools]
     block = (
         "You can call the following tools when they help.\n"
-        f"{TOOLS_OPEN}{json.dumps(tools, sort_keys=True, separators=(',', ':'))}{TOOLS_CLOSE}\n"
+        f"{TOOLS_OPEN}{_tools_json(tools)}{TOOLS_CLOSE}\n"
         'To call tools, write <TOOLCALL>[{"name": "<tool name>", "arguments": {<arguments object>}}]</TOOLCALL>; '
         "you may list several calls, chain calls, or correct a call after its result.\n"
         f"Each result comes back as {TOOL_RESPONSE_OPEN}<result>{TOOL_RESPONSE_CLOSE}."
@@ -38,15 +37,25 @@ def render_system_prompt(prompt: SessionPrompt) -> str:
     return "\n\n".join(parts)
 
 
-_TOOLS_RE = re.compile(re.escape(TOOLS_OPEN) + r"(.*?)" + re.escape(TOOLS_CLOSE), re.S)
+def _tools_json(tools: list[dict]) -> str:
+    # Every "<" becomes the JSON escape u+003C, so no description can open or close the block.
+    return json.dumps(tools, sort_keys=True, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def tools_from_prompt(text: str) -> tuple[ToolSpec, ...]:
-    """The tool block a rendered prompt offers (what a model honouring the prompt can call)."""
-    m = _TOOLS_RE.search(text)
-    if not m:
+    """The tool block a rendered prompt offers (what a model honouring the prompt can call).
+
+    The block follows the instructions, so the last opening tag is the real one even when the instructions
+    quote the tag.
+    """
+    start = text.rfind(TOOLS_OPEN)
+    if start < 0:
         return ()
-    return tuple(ToolSpec(t["name"], t.get("description", ""), t.get("parameters", {})) for t in json.loads(m.group(1)))
+    end = text.find(TOOLS_CLOSE, start)
+    if end < 0:
+        return ()
+    body = json.loads(text[start + len(TOOLS_OPEN) : end])
+    return tuple(ToolSpec(t["name"], t.get("description", ""), t.get("parameters", {})) for t in body)
 
 
 def wrap_tool_result(value: str) -> str:

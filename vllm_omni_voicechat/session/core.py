@@ -296,6 +296,8 @@ class SessionCore:
                     self._plan = plan
             due = self.runner.due_at(plan.kind, now)
             if due > now:
+                if self.cycle is not None and self.cycle.state == "awaiting":
+                    due = min(due, self.cycle.deadline)  # the tool wait fires on time, not at the next frame
                 return Tick(self._drain(), wake_at=due)
             try:
                 position = self.runner.begin(plan.kind, plan.pcm, plan.controls, plan.transport_frame, now, due)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ def _coerce(value: Any, schema: Any) -> Any:
             return int(value.strip())
         if kind == "number":
             number = float(value.strip())
+            if not math.isfinite(number):
+                return value  # NaN / Infinity are not JSON: keep what the model wrote
             return int(number) if number.is_integer() and "." not in value and "e" not in value.lower() else number
         if kind == "boolean" and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"

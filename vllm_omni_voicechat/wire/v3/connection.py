@@ -58,6 +58,8 @@ class V3Session:
             max_session_model_frames=core.config.max_session_model_frames,
             single_client=options.single_client,
             legacy_turns=options.legacy_turns,
+            function_call_timeout_s=core.config.function_call_timeout_s,
+            function_recovery_max_frames=core.config.function_recovery_max_frames,
         )
         self.projector = V3Projector(self.session_id, self.capabilities)
         self._configured_once = False

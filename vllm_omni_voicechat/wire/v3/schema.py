@@ -46,6 +46,8 @@ def capabilities(
     max_session_model_frames: int,
     single_client: bool,
     legacy_turns: bool = False,
+    function_call_timeout_s: float = 30.0,
+    function_recovery_max_frames: int = 256,
 ) -> dict[str, Any]:
     return {
         "server_turn_detection": "rnnt" if legacy_turns else None,
@@ -55,10 +57,10 @@ def capabilities(
         "typed_input": typed_input,
         "settings_mutable_until": "first_model_input_frame",
         "single_client": single_client,
-        "function_call_timeout_seconds": 30.0,
+        "function_call_timeout_seconds": float(function_call_timeout_s),
         "function_output_max_bytes": 16384,
         "function_output_max_tokens": 128,
-        "function_output_recovery_max_frames": 256,
+        "function_output_recovery_max_frames": function_recovery_max_frames,
         "function_output_ack_timeout_seconds": 30.0,
         "max_function_calls_per_response": 8,
         "function_event_emit_timeout_seconds": 5.0,
