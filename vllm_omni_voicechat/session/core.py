@@ -598,7 +598,7 @@ class SessionCore:
         self._publish(result)
 
     def _start_proc(self, cmd: StartTurn, turn_id: str) -> Procedure:
-        if self.response is not None:
+        if self._must_cancel():
             yield from self._cancel_tail("client_vad")
             if self.closed:
                 return
@@ -608,7 +608,7 @@ class SessionCore:
             self._emit(TranscriptDelta(turn_id, turn.transcript, turn.transcript, "microphone", None))
 
     def _commit_proc(self, cmd: CommitTurn, turn_id: str) -> Procedure:
-        if self.response is not None:
+        if self._must_cancel():
             # The model self-started during the user turn: drain it before settling (§6.6).
             yield from self._cancel_tail("pre_eou_activity_recovery:commit")
             if self.closed:
@@ -618,7 +618,7 @@ class SessionCore:
 
     def _typed_proc(self, job: TypedJob) -> Procedure:
         job.turn_id = self._new_turn_id()
-        if self.response is not None:
+        if self._must_cancel():
             yield from self._cancel_tail("typed_input")
             if self.closed:
                 return
@@ -654,33 +654,49 @@ class SessionCore:
         self.closed = True
         self._reset_work()
 
+    def _must_cancel(self) -> bool:
+        """An open response, or function-channel work not yet shown to the client, must end before new input."""
+        return self.response is not None or self._model_busy
+
     def _cancel_tail(self, reason: str) -> Procedure:
-        """Drive the open response to its acoustic terminal with output suppressed, then close it cancelled."""
+        """Drive the model to quiet with output suppressed (agent EOS, then silent positions); close the open
+        response as cancelled.
+
+        The acoustic tail is bounded at ``cancel_tail_max_positions``; positions spent while the function channel
+        drains a call that was never published (its result is the ``cancelled_by_new_client_turn`` error) count
+        against the post-function recovery bound instead.
+        """
         response = self.response
-        assert response is not None
         controls = PositionControls(agent_eos=True)
+        tail = drain = 0
         self._cancelling = True
         try:
-            yield from self._drain_cancel(response, reason, controls)
+            while True:
+                result = yield _Plan(PositionKind.CANCEL_TAIL, SILENT_INPUT_FRAME, controls)
+                controls = NO_CONTROLS
+                self._publish(result, suppress=True)
+                if self.closed:
+                    return
+                fn = result.function
+                busy = fn.busy or fn.post_fc_bos_pending
+                terminal = result.boundary.ended or result.boundary.phase.value in ("idle", "complete")
+                if not busy and terminal:
+                    if self.response is not None:
+                        self._close_response("cancelled", reason)
+                    self._pending_bos_turn = None  # an unpublished deferred-BOS cycle was interrupted
+                    return
+                if busy:
+                    drain += 1
+                else:
+                    tail += 1
+                if tail >= self.config.cancel_tail_max_positions or drain >= self.config.function_recovery_max_frames:
+                    break
         finally:
             self._cancelling = False
-
-    def _drain_cancel(self, response: _Response, reason: str, controls: PositionControls) -> Procedure:
-        for _ in range(self.config.cancel_tail_max_positions):
-            result = yield _Plan(PositionKind.CANCEL_TAIL, SILENT_INPUT_FRAME, controls)
-            controls = NO_CONTROLS
-            self._publish(result, suppress=True)
-            if self.closed:
-                return
-            if self.response is None:  # the model reached its terminal on its own
-                return
-            if result.boundary.ended or result.boundary.phase.value in ("idle", "complete"):
-                self._close_response("cancelled", reason)
-                return
         self._fatal(
             "response_cancel_timeout",
-            f"response did not reach its acoustic terminal within {self.config.cancel_tail_max_positions} positions",
-            details={"response_id": response.response_id, "turn_id": response.turn_id},
+            f"the model did not reach its acoustic terminal within {self.config.cancel_tail_max_positions} positions",
+            details={"response_id": response.response_id, "turn_id": response.turn_id} if response else {},
         )
 
     def _settle_and_eou(self, ack: TurnCommitted | None) -> Procedure:
@@ -881,7 +897,7 @@ class SessionCore:
         if close_turn:
             eou_turn_id = self._close_input_turn()
         agent = result.agent
-        if agent.control is AgentControl.AGENT_BOS and self.response is None:
+        if agent.control is AgentControl.AGENT_BOS and self.response is None and not suppress:
             self._open_response(eou_turn_id or self._new_turn_id())
         if result.tool_call is not None:
             self._on_tool_call(result, suppress)
