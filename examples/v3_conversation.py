@@ -3,7 +3,7 @@
 Three user turns: a spoken turn, a typed turn (``input_text.request``) and a barge-in (a new spoken turn
 started while the assistant's response is still open, which the server cancels). Prints the transcript and
 what the assistant's audio says, and writes all assistant audio to a 22,050 Hz mono WAV. Exits non-zero on
-any protocol error.
+any protocol error. ``--tools`` adds a fourth turn that calls a ``get_weather`` tool run by the client.
 
     vllm-omni-voicechat serve --model sim --port 8765 &
     python examples/v3_conversation.py --url ws://127.0.0.1:8765/v1/realtime --wav out/v3_assistant.wav
@@ -29,9 +29,10 @@ async def spoken_turn(client: V3Client, client_turn_id: int, text: str, paced: b
     return await client.response_for(turn_id)
 
 
-async def converse(url: str, paced: bool) -> V3Client:
-    async with await V3Client.connect(url) as client:
-        await client.configure(instructions="You are a helpful voice assistant.")
+async def converse(url: str, paced: bool, tools: bool = False) -> V3Client:
+    handlers = {"get_weather": get_weather} if tools else None
+    async with await V3Client.connect(url, tools=handlers) as client:
+        await client.configure(instructions="You are a helpful voice assistant.", tools=[WEATHER] if tools else None)
 
         # 1. A spoken turn, played to the end.
         first = await spoken_turn(client, 1, "Hello, can you hear me?", paced)
@@ -56,7 +57,28 @@ async def converse(url: str, paced: bool) -> V3Client:
         await client.response_done(last.response_id)
         if story.status != "cancelled":
             raise V3ClientError(f"the barged-in response ended {story.status!r}, not 'cancelled'")
+
+        if tools:  # 4. A function call: the client runs get_weather and the answer speaks its result.
+            answer = await spoken_turn(client, 4, 'call get_weather {"city": "Paris"}', paced)
+            call = await client.wait_for("response.function_call_arguments.done")
+            run = await client.tool_run_done(call["call_id"])
+            print(f"tool {run.name}({call['arguments']}) -> {run.output!r}: {run.outcome}")
+            await client.response_done(answer.response_id)
     return client
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+async def get_weather(arguments: dict) -> str:
+    return f"sunny in {arguments.get('city', 'your city')}"
 
 
 def transcript(client: V3Client) -> list[str]:
@@ -90,10 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--paced", action=argparse.BooleanOptionalAction, default=True, help="stream microphone audio in real time"
     )
+    parser.add_argument("--tools", action="store_true", help="also demo a function call (get_weather)")
     args = parser.parse_args(argv)
 
     try:
-        client = asyncio.run(converse(args.url, args.paced))
+        client = asyncio.run(converse(args.url, args.paced, args.tools))
     except (V3ClientError, TimeoutError) as error:
         print(f"protocol error: {error}", file=sys.stderr)
         return 1

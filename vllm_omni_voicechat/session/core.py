@@ -821,6 +821,9 @@ class SessionCore:
         cycle.terminal = "failed"
         tokens = tuple(self.config.tokenizer(wrap_tool_result('{"error":"function_call_output_timeout"}')))
         self._start_recovery(cycle, tokens)
+        # `failed` is the call's terminal for the client: turn state is restored now and held input replays
+        # (queued behind the recovery positions that feed the model its error result).
+        self._finish_cycle(cycle)
 
     def _start_recovery(self, cycle: Cycle, tokens: tuple[str, ...]) -> None:
         cycle.state = "recovering"
@@ -853,6 +856,8 @@ class SessionCore:
         )
 
     def _finish_cycle(self, cycle: Cycle) -> None:
+        if self.cycle is not cycle:
+            return  # already finished (a timed-out cycle ends at `failed`)
         self.cycle = None
         if cycle.terminal == "applied":
             self._emit(FunctionOutputApplied(cycle.call_id))
