@@ -92,7 +92,7 @@ class V3Session:
     def receive(self, message: str | bytes, now: float) -> list[V3Output]:
         if self.core.closed:
             return []
-        self._wire_bytes = len(message)
+        self._wire_bytes = len(message) if isinstance(message, bytes) or message.isascii() else len(message.encode())
         if isinstance(message, (bytes, bytearray)):
             return [self._error("binary_audio_unsupported", "binary frames are not supported; send JSON text")]
         try:
