@@ -1,0 +1,155 @@
+"""The resume journal and its credential (pure; time is injected).
+
+Every journaled server event gets the next ``server_event_seq``. The journal retains events, bounded in bytes
+(compact UTF-8 JSON) and age, until the client acknowledges them (``session.event_ack``); ``session.resume`` replays
+everything after the client's cursor, byte-identical and in order, or says why it cannot. Transport-level events
+(``session.created``, ``session.resumed``, ``session.replaced``, ``session.resync_required``, handshake errors) are
+never journaled and carry no seq: DuplexClient drops any event whose seq is not above the last one it saw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+DEFAULT_MAX_BYTES = 8 << 20
+DEFAULT_TTL_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    seq: int
+    at: float
+    size: int
+    text: str
+    """The event as sent: compact JSON with its ``server_event_seq``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What to send for a recorded event: its JSON text, plus a one-time live resync notice on overflow."""
+
+    text: str
+    seq: int
+    overflow_notice: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncRequired:
+    reason: Literal["journal_gap", "journal_overflow"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConflict:
+    """The client claims events the server never sent (cursor beyond the head)."""
+
+    head: int
+
+
+class InvalidAck(ValueError):
+    code = "invalid_event_ack"
+
+
+def _dumps(event: dict[str, Any]) -> str:
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+
+
+class Journal:
+    def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES, ttl_s: float = DEFAULT_TTL_S) -> None:
+        if max_bytes < 1 or ttl_s <= 0:
+            raise ValueError("journal bounds must be positive")
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self.head = 0
+        """The last seq stamped (0 before any event)."""
+        self.dropped_through = 0
+        """Every seq at or below this is gone (acknowledged or aged out)."""
+        self.overflowed = False
+        self._entries: deque[Entry] = deque()
+        self._bytes = 0
+
+    @property
+    def retained_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def record(self, event: dict[str, Any], now: float) -> Recorded:
+        """Stamp ``server_event_seq`` on ``event`` and retain it while the bounds allow."""
+        self.prune(now)
+        self.head += 1
+        text = _dumps({**event, "server_event_seq": self.head})
+        if self.overflowed:
+            return Recorded(text, self.head)
+        size = len(text.encode())
+        if self._bytes + size > self.max_bytes:
+            # Sticky: a resume can no longer be complete, so the client is told once, live, and events flow on.
+            self.overflowed = True
+            return Recorded(text, self.head, overflow_notice=True)
+        self._entries.append(Entry(self.head, now, size, text))
+        self._bytes += size
+        return Recorded(text, self.head)
+
+    def acknowledge(self, seq: Any) -> None:
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or seq > self.head:
+            raise InvalidAck(f"event ack {seq!r} is outside 0..{self.head}")
+        while self._entries and self._entries[0].seq <= seq:
+            self._bytes -= self._entries.popleft().size
+        self.dropped_through = max(self.dropped_through, seq)
+
+    def prune(self, now: float) -> None:
+        while self._entries and now - self._entries[0].at > self.ttl_s:
+            entry = self._entries.popleft()
+            self._bytes -= entry.size
+            self.dropped_through = max(self.dropped_through, entry.seq)
+
+    def replay_after(self, seq: int, now: float) -> Replay | ResyncRequired | ReplayConflict:
+        self.prune(now)
+        if seq > self.head:
+            return ReplayConflict(self.head)
+        if self.overflowed:
+            return ResyncRequired("journal_overflow")
+        if seq < self.dropped_through:
+            return ResyncRequired("journal_gap")
+        return Replay(tuple(e for e in self._entries if e.seq > seq))
+
+
+class ResumeCredential:
+    """A rotating resume token; only its SHA-256 digest is kept, compared in constant time."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._digest = b""
+        self._previous: tuple[bytes, int] | None = None
+
+    @staticmethod
+    def _hash(token: str) -> bytes:
+        return hashlib.sha256(token.encode()).digest()
+
+    def issue(self) -> str:
+        """A fresh token for a new attachment (generation 1 at open, +1 per resume)."""
+        token = "rt_" + secrets.token_urlsafe(32)
+        self._previous = (self._digest, self.generation)
+        self._digest = self._hash(token)
+        self.generation += 1
+        return token
+
+    def verify(self, token: Any) -> bool:
+        return isinstance(token, str) and bool(self._digest) and hmac.compare_digest(self._hash(token), self._digest)
+
+    def rollback(self) -> None:
+        """Undo the last :meth:`issue` (an activation that failed mid-send): the old token is valid again."""
+        if self._previous is not None:
+            self._digest, self.generation = self._previous
+            self._previous = None
