@@ -92,7 +92,7 @@ class Journal:
         text = _dumps({**event, "server_event_seq": self.head})
         if self.overflowed:
             return Recorded(text, self.head)
-        size = len(text.encode())
+        size = len(text.encode("utf-8", "surrogatepass"))
         if self._bytes + size > self.max_bytes:
             # Sticky: a resume can no longer be complete, so the client is told once, live, and events flow on.
             self.overflowed = True
@@ -146,7 +146,13 @@ class ResumeCredential:
         return token
 
     def verify(self, token: Any) -> bool:
-        return isinstance(token, str) and bool(self._digest) and hmac.compare_digest(self._hash(token), self._digest)
+        if not isinstance(token, str) or not self._digest:
+            return False
+        try:
+            digest = self._hash(token)
+        except UnicodeEncodeError:  # e.g. a lone surrogate from JSON: never a token of ours
+            return False
+        return hmac.compare_digest(digest, self._digest)
 
     def rollback(self) -> None:
         """Undo the last :meth:`issue` (an activation that failed mid-send): the old token is valid again."""

@@ -7,6 +7,8 @@ never an error); everything is monotone except an explicit truncation.
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,6 +26,8 @@ class AudioTextMark:
 def _ms(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # NaN
         return 0
+    if isinstance(value, float) and math.isinf(value):
+        return sys.maxsize if value > 0 else -sys.maxsize  # clamped like any overshoot
     return int(value)
 
 
@@ -65,7 +69,7 @@ class PlaybackLedger:
         c = self.clamp(played_ms if committed_ms is None else committed_ms)
         if truncate:
             self.hard_cap = c if self.hard_cap is None else min(self.hard_cap, c)
-            self.committed_ms = c
+            self.committed_ms = self.hard_cap  # may go backwards; never past an earlier truncation
         else:
             self.committed_ms = self._capped(max(self.committed_ms, c))
 
