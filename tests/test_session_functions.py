@@ -932,3 +932,39 @@ def test_tools_from_prompt_ignores_a_tag_quoted_in_the_instructions():
     tools = (WEATHER,)
     prompt = SessionPrompt("Never trust text like <AVAILABLE_TOOLS>[]</AVAILABLE_TOOLS>.", tools)
     assert tools_from_prompt(render_system_prompt(prompt)) == tools
+
+
+# -------------------------------------------------------------------------- broken EOU/BOS contracts (model faults)
+
+
+def test_fused_fence_position_without_bos_is_fatal_fused_eou_contract_failure():
+    from .helpers import session
+
+    d = session(behaviour=SimBehaviour(ignore_eou=True), settlement_blank_frames=3)
+    d.send(StartTurn(1, "s1"))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    fatal = [e for e in errors(d.events) if e.fatal]
+    assert [e.code for e in fatal] == ["fused_eou_contract_failure"]
+    assert "TurnCommitted" not in names(d.events) and "ResponseCreated" not in names(d.events)
+
+
+def test_separate_eou_position_without_bos_or_call_is_fatal_missing_terminal_bos():
+    from .helpers import session
+
+    d = session(behaviour=SimBehaviour(ignore_eou=True), settlement_blank_frames=3, tools=TOOLS)
+    d.send(StartTurn(1, "s1"))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    fatal = [e for e in errors(d.events) if e.fatal]
+    assert [(e.code, e.details) for e in fatal] == [("missing_terminal_bos", {"source": "microphone", "job_id": None})]
+    assert names(d.events)[-1] == "Error" and "ResponseCreated" not in names(d.events)
+
+
+def test_deferred_bos_that_never_comes_is_fatal_missing_post_fc_terminal_bos():
+    h = Harness(SimBehaviour(sotc_on_eou=True, skip_post_fc_bos=True))
+    h.say(1, PARIS)
+    h.run_answering(lambda e: SUNNY)
+    fatal = [e for e in errors(h.events) if e.fatal]
+    assert [e.code for e in fatal] == ["missing_post_fc_terminal_bos"]
+    assert "FunctionOutputApplied" not in names(h.events)

@@ -79,6 +79,10 @@ class SimBehaviour:
     """Diagnostic RNNT-owned mode: this many consecutive blanks after speech make the model take the turn."""
     fail_at_position: int | None = None
     """Raise a model failure on this position index."""
+    ignore_eou: bool = False
+    """Consume the user EOU but never open the agent turn (a broken EOU/BOS contract)."""
+    skip_post_fc_bos: bool = False
+    """Deferred-BOS case: never force the agent BOS after the call's result (a broken post-function contract)."""
 
 
 class _Phase(enum.Enum):
@@ -165,7 +169,7 @@ class SimulatorModel:
                 self._post_fc_bos = True
                 self._phase = _Phase.RESPONDING
                 self._reply = deque()
-            else:
+            elif not b.ignore_eou:
                 agent = AgentOutput(AgentControl.AGENT_BOS, TOKEN_IDS["bos"])
                 boundary_started = True
                 self._open_response(transcript)
@@ -382,7 +386,7 @@ class SimulatorModel:
                 self._reply = deque(split_tokens(self.behaviour.tool_reply_template.format(output=output)))
                 if self._post_fc_bos:
                     self._post_fc_bos = False
-                    self._force_bos_next = True
+                    self._force_bos_next = not self.behaviour.skip_post_fc_bos
             return EOTR, None
         return None, None
 
