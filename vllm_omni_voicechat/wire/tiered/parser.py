@@ -1,0 +1,633 @@
+"""Client → server events of the tiered dialect (pure; docs/tiered-dialect.md §2).
+
+``parse(frame)`` turns one WebSocket frame into one frozen ``ClientEvent`` dataclass per canonical type (aliases
+folded; the original ``type`` string and the client ``event_id`` are kept), or a ``ParseError`` carrying the
+documented code, its class (§3.5), the echoed ``event_id`` and the offending ``param``.
+
+Only the stateless part of §2 lives here: required fields, JSON types, enums, base64 strictness of
+``input_audio_buffer.append.audio`` and format/rate names. Everything that needs session state (the journal head,
+the item store, published function calls, the settings lock, "first message only", what the session's own format
+is) and the detailed ``session`` rules of §8.3 belong to the session / settings modules. ``parse`` never raises.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+MAX_FRAME_BYTES = 15 * 1024 * 1024  # §2: frame > 15 MiB → event_too_large
+MIN_SAMPLE_RATE = 8_000
+MAX_SAMPLE_RATE = 192_000
+
+# ---------------------------------------------------------------------------------------------------- error codes
+
+_RATE_LIMIT_CODES = frozenset({"resource_exhausted", "input_backpressure"})
+_SERVER_CODES = frozenset(
+    {
+        "internal_error",
+        "response_cancel_timeout",
+        "input_turn_settle_timeout",
+        "fused_eou_contract_failure",
+        "separate_eou_contract_failure",
+        "missing_terminal_bos",
+        "missing_post_fc_terminal_bos",
+        "overlapping_bos_expectation",
+        "function_output_apply_timeout",
+        "function_call_output_timeout",
+        "typed_input_failed",
+        "model_cleanup_failed",
+        "runtime_resume_failed",
+    }
+)
+
+
+def error_class(code: str) -> str:
+    """The §3.5 class of an error code: every code not listed as rate-limit or server is a request error."""
+    if code in _RATE_LIMIT_CODES:
+        return "rate_limit_error"
+    if code in _SERVER_CODES:
+        return "server_error"
+    return "invalid_request_error"
+
+
+@dataclass(frozen=True, slots=True)
+class ParseError:
+    code: str
+    message: str
+    event_id: str | None = None
+    param: str | None = None
+    error_class: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.error_class:
+            object.__setattr__(self, "error_class", error_class(self.code))
+
+
+class _Reject(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+# ---------------------------------------------------------------------------------------------------- formats
+
+# §8.1 input formats (aliases → canonical). Conversion itself lives in the audio module.
+INPUT_FORMATS: Mapping[str, str] = {
+    **dict.fromkeys(("pcm16", "pcm_s16le", "s16le", "pcm", "audio/pcm"), "pcm16"),
+    **dict.fromkeys(("pcm_f32le", "f32le", "audio/pcm_f32le"), "pcm_f32le"),
+    **dict.fromkeys(("g711_ulaw", "audio/pcmu", "ulaw", "mulaw", "g711-ulaw", "audio/g711_ulaw"), "g711_ulaw"),
+    **dict.fromkeys(("g711_alaw", "audio/pcma", "alaw", "g711-alaw", "audio/g711_alaw"), "g711_alaw"),
+}
+# §8.2 output formats (plus the GA spellings); `wav` is deliberately absent.
+OUTPUT_FORMATS: Mapping[str, str] = {
+    **dict.fromkeys(("pcm16", "pcm_s16le", "s16le", "pcm", "audio/pcm"), "pcm16"),
+    **dict.fromkeys(("g711_ulaw", "audio/pcmu", "ulaw", "mulaw", "g711-ulaw", "audio/g711_ulaw"), "g711_ulaw"),
+    **dict.fromkeys(("g711_alaw", "audio/pcma", "alaw", "g711-alaw", "audio/g711_alaw"), "g711_alaw"),
+}
+
+
+def _format(value: Any, table: Mapping[str, str], param: str) -> tuple[str | None, int | None]:
+    """A format given as a string or as a GA object ``{type, rate}`` → (canonical name, rate or None)."""
+    if value is None:
+        return None, None
+    rate: int | None = None
+    name: Any = value
+    if isinstance(value, dict):
+        name = value.get("type")
+        if "rate" in value and value["rate"] is not None:
+            rate = _rate(value["rate"], f"{param}.rate")
+        if name is None:
+            return None, rate
+    if not isinstance(name, str):
+        raise _Reject("unsupported_audio_format", f"{param} must be a string or a format object", param)
+    canonical = table.get(name.strip().lower())
+    if canonical is None:
+        raise _Reject("unsupported_audio_format", f"unsupported audio format {name!r}", param)
+    return canonical, rate
+
+
+def _rate(value: Any, param: str) -> int:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_SAMPLE_RATE <= value <= MAX_SAMPLE_RATE:
+        raise _Reject("bad_event", f"{param} must be an integer within {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE}", param)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------- field helpers
+
+_MISSING: Any = object()
+
+
+def _is_num(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _opt_str(obj: dict, key: str, code: str = "bad_event", param: str | None = None) -> str | None:
+    value = obj.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise _Reject(code, f"{key} must be a string", param or key)
+
+
+def _opt_bool(obj: dict, key: str) -> bool | None:
+    value = obj.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise _Reject("bad_event", f"{key} must be a boolean", key)
+
+
+def _opt_obj(obj: dict, key: str) -> dict | None:
+    value = obj.get(key)
+    if value is None or isinstance(value, dict):
+        return value
+    raise _Reject("bad_event", f"{key} must be an object", key)
+
+
+def _opt_num(obj: dict, key: str) -> float | int | None:
+    value = obj.get(key)
+    if value is None or _is_num(value):
+        return value
+    raise _Reject("bad_event", f"{key} must be a finite number", key)
+
+
+def _item_id(obj: dict) -> str:
+    value = obj.get("item_id")
+    if not isinstance(value, str) or not value:
+        raise _Reject("missing_item_id", "item_id (a non-empty string) is required", "item_id")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientEvent:
+    """Base of every parsed client event. ``type`` is the string the client sent (possibly an alias)."""
+
+    canonical: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+
+    type: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionUpdate(ClientEvent):
+    canonical: ClassVar[str] = "session.update"
+    # the `session` object, or the event itself minus `type`/`event_id`; §8.3 rules are the settings module's
+    session: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionHeartbeat(ClientEvent):
+    canonical: ClassVar[str] = "session.heartbeat"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionEventAck(ClientEvent):
+    canonical: ClassVar[str] = "session.event_ack"
+    server_event_seq: int  # ≥ 0; "≤ head" is checked against the journal
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionClose(ClientEvent):
+    canonical: ClassVar[str] = "session.close"
+    aliases: ClassVar[tuple[str, ...]] = ("close", "close_session")
+    reason: str = "client_close"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionResume(ClientEvent):
+    canonical: ClassVar[str] = "session.resume"
+    session_id: str
+    resume_token: str
+    last_received_server_event_seq: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioBufferAppend(ClientEvent):
+    canonical: ClassVar[str] = "input_audio_buffer.append"
+    audio: bytes | None = None  # strictly base64-decoded; None when only video frames came
+    video_frames: tuple[str, ...] | None = None
+    format: str | None = None  # canonical §8.1 name from `format` | `input_audio_format`; None → session
+    sample_rate_hz: int | None = None  # `sample_rate_hz` | `sample_rate` | format `rate`; None → session
+    is_speech: bool | None = None
+    hints: dict = field(default_factory=dict)  # every other key (duration_ms, audio_end_ms, vad, …)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioBufferCommit(ClientEvent):
+    canonical: ClassVar[str] = "input_audio_buffer.commit"
+    aliases: ClassVar[tuple[str, ...]] = ("input.commit",)
+    final: bool = True
+    response_create: bool | None = None  # `response_create` | `create_response`
+    is_speech: bool | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioBufferClear(ClientEvent):
+    canonical: ClassVar[str] = "input_audio_buffer.clear"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputCancel(ClientEvent):
+    canonical: ClassVar[str] = "input.cancel"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputTextAppend(ClientEvent):
+    canonical: ClassVar[str] = "input.text.append"
+    aliases: ClassVar[tuple[str, ...]] = ("input_text.append", "push_text")
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationItemCreate(ClientEvent):
+    canonical: ClassVar[str] = "conversation.item.create"
+    item: dict
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationItemRetrieve(ClientEvent):
+    canonical: ClassVar[str] = "conversation.item.retrieve"
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationItemDelete(ClientEvent):
+    canonical: ClassVar[str] = "conversation.item.delete"
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationItemTruncate(ClientEvent):
+    canonical: ClassVar[str] = "conversation.item.truncate"
+    item_id: str
+    audio_end_ms: float | int  # ≥ 0; clamping to delivered audio is the ledger's
+    content_index: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseCreate(ClientEvent):
+    canonical: ClassVar[str] = "response.create"
+    response: dict | None = None
+    output_format: str | None = None  # canonical §8.2 name when the response names one
+    output_sample_rate_hz: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseCancel(ClientEvent):
+    canonical: ClassVar[str] = "response.cancel"
+    response_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputAudioBufferClear(ClientEvent):
+    canonical: ClassVar[str] = "output_audio_buffer.clear"
+    response_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BargeIn(ClientEvent):
+    canonical: ClassVar[str] = "barge_in"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnSignal(ClientEvent):
+    canonical: ClassVar[str] = "turn.signal"
+    aliases: ClassVar[tuple[str, ...]] = ("signal_turn",)
+    event: str
+    payload: dict | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlaybackAck(ClientEvent):
+    canonical: ClassVar[str] = "playback.ack"
+    aliases: ClassVar[tuple[str, ...]] = ("audio.playback_ack",)
+    played_ms: float | int  # not range-checked: the ledger clamps 0/negative/overshoot (§5)
+    committed_ms: float | int | None = None
+    response_id: str | None = None
+    item_id: str | None = None
+    truncate: bool | None = None
+
+
+EVENT_CLASSES: tuple[type[ClientEvent], ...] = (
+    SessionUpdate,
+    SessionHeartbeat,
+    SessionEventAck,
+    SessionClose,
+    SessionResume,
+    InputAudioBufferAppend,
+    InputAudioBufferCommit,
+    InputAudioBufferClear,
+    InputCancel,
+    InputTextAppend,
+    ConversationItemCreate,
+    ConversationItemRetrieve,
+    ConversationItemDelete,
+    ConversationItemTruncate,
+    ResponseCreate,
+    ResponseCancel,
+    OutputAudioBufferClear,
+    BargeIn,
+    TurnSignal,
+    PlaybackAck,
+)
+
+# every accepted type string (canonical and alias) → its class
+EVENT_TYPES: Mapping[str, type[ClientEvent]] = {
+    name: cls for cls in EVENT_CLASSES for name in (cls.canonical, *cls.aliases)
+}
+
+# ---------------------------------------------------------------------------------------------------- builders
+
+_ENVELOPE = ("type", "event_id")
+
+
+def _session_update(obj: dict, base: dict) -> ClientEvent:
+    if "session" in obj:
+        session = obj["session"]
+        if not isinstance(session, dict):
+            raise _Reject("bad_event", "session must be an object", "session")
+    else:
+        session = {k: v for k, v in obj.items() if k not in _ENVELOPE}
+    return SessionUpdate(**base, session=dict(session))
+
+
+def _event_ack(obj: dict, base: dict) -> ClientEvent:
+    seq = obj.get("server_event_seq")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise _Reject("invalid_event_ack", "server_event_seq must be an integer >= 0", "server_event_seq")
+    return SessionEventAck(**base, server_event_seq=seq)
+
+
+def _close(obj: dict, base: dict) -> ClientEvent:
+    reason = _opt_str(obj, "reason")
+    return SessionClose(**base, reason=reason if reason else "client_close")
+
+
+def _resume(obj: dict, base: dict) -> ClientEvent:
+    code = "invalid_session_resume"
+    for key in ("session_id", "resume_token"):
+        if not isinstance(obj.get(key), str) or not obj[key]:
+            raise _Reject(code, f"{key} (a non-empty string) is required", key)
+    cursor = obj.get("last_received_server_event_seq", 0)
+    if cursor is None:
+        cursor = 0
+    if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
+        raise _Reject(code, "last_received_server_event_seq must be an integer >= 0", "last_received_server_event_seq")
+    return SessionResume(
+        **base,
+        session_id=obj["session_id"],
+        resume_token=obj["resume_token"],
+        last_received_server_event_seq=cursor,
+    )
+
+
+_APPEND_KNOWN = frozenset(
+    {"type", "event_id", "audio", "video_frames", "format", "input_audio_format", "sample_rate_hz", "sample_rate",
+     "is_speech"}
+)
+
+
+def _append(obj: dict, base: dict) -> ClientEvent:
+    audio_b64 = obj.get("audio")
+    frames = obj.get("video_frames")
+    if audio_b64 is None and frames is None:
+        raise _Reject("bad_event", "input_audio_buffer.append needs audio and/or video_frames", "audio")
+    if audio_b64 is not None and not isinstance(audio_b64, str):
+        raise _Reject("bad_event", "audio must be a base64 string", "audio")
+    video: tuple[str, ...] | None = None
+    if frames is not None:
+        if not isinstance(frames, list) or not all(isinstance(f, str) for f in frames):
+            raise _Reject("invalid_video_frames", "video_frames must be a list of strings", "video_frames")
+        video = tuple(frames)
+    fmt_key = "format" if obj.get("format") is not None else "input_audio_format"
+    fmt, fmt_rate = _format(obj.get(fmt_key), INPUT_FORMATS, fmt_key)
+    rate: int | None = None
+    for key in ("sample_rate_hz", "sample_rate"):
+        if obj.get(key) is not None:
+            rate = _rate(obj[key], key)
+            break
+    if rate is None:
+        rate = fmt_rate
+    is_speech = _opt_bool(obj, "is_speech")
+    audio: bytes | None = None
+    if audio_b64 is not None:
+        try:
+            audio = base64.b64decode(audio_b64.encode("ascii"), validate=True)
+        except (binascii.Error, ValueError, UnicodeEncodeError):
+            raise _Reject("bad_audio", "audio is not valid base64", "audio") from None
+    hints = {k: v for k, v in obj.items() if k not in _APPEND_KNOWN}
+    return InputAudioBufferAppend(
+        **base, audio=audio, video_frames=video, format=fmt, sample_rate_hz=rate, is_speech=is_speech, hints=hints
+    )
+
+
+def _commit(obj: dict, base: dict) -> ClientEvent:
+    final = _opt_bool(obj, "final")
+    key = "response_create" if obj.get("response_create") is not None else "create_response"
+    return InputAudioBufferCommit(
+        **base,
+        final=True if final is None else final,
+        response_create=_opt_bool(obj, key),
+        is_speech=_opt_bool(obj, "is_speech"),
+    )
+
+
+def _text_append(obj: dict, base: dict) -> ClientEvent:
+    text = obj.get("text")
+    if not isinstance(text, str):
+        raise _Reject("bad_event", "text must be a string", "text")
+    return InputTextAppend(**base, text=text)
+
+
+def _item_create(obj: dict, base: dict) -> ClientEvent:
+    item = obj.get("item")
+    if not isinstance(item, dict):
+        raise _Reject("bad_event", "item must be an object", "item")
+    previous = _opt_str(obj, "previous_item_id")
+    if item.get("type") == "function_call_output":
+        if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+            raise _Reject("invalid_function_call_output", "item.call_id must be a non-empty string", "item.call_id")
+        if not isinstance(item.get("output"), str):
+            raise _Reject("invalid_function_call_output", "item.output must be a string", "item.output")
+    content = item.get("content")
+    if isinstance(content, list):
+        for i, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") in ("input_audio", "audio"):
+                for key in ("format", "input_audio_format"):
+                    if part.get(key) is not None:
+                        _format(part[key], INPUT_FORMATS, f"item.content[{i}].{key}")
+    return ConversationItemCreate(**base, item=dict(item), previous_item_id=previous)
+
+
+def _retrieve(obj: dict, base: dict) -> ClientEvent:
+    return ConversationItemRetrieve(**base, item_id=_item_id(obj))
+
+
+def _delete(obj: dict, base: dict) -> ClientEvent:
+    return ConversationItemDelete(**base, item_id=_item_id(obj))
+
+
+def _truncate(obj: dict, base: dict) -> ClientEvent:
+    item_id = _item_id(obj)
+    end = obj.get("audio_end_ms")
+    if not _is_num(end):
+        raise _Reject("bad_event", "audio_end_ms must be a finite number", "audio_end_ms")
+    if end < 0:
+        raise _Reject("bad_event", "audio_end_ms must be >= 0", "audio_end_ms")
+    index = obj.get("content_index", 0)
+    if index is None:
+        index = 0
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise _Reject("bad_event", "content_index must be an integer >= 0", "content_index")
+    return ConversationItemTruncate(**base, item_id=item_id, audio_end_ms=end, content_index=index)
+
+
+_UNSUPPORTED_RESPONSE_KEYS = ("instructions", "voice", "temperature", "tools", "tool_choice")
+_MAX_TOKENS = re.compile(r"^max_.*tokens$")
+
+
+def _response_create(obj: dict, base: dict) -> ClientEvent:
+    response = _opt_obj(obj, "response")
+    fmt: str | None = None
+    rate: int | None = None
+    if response is not None:
+        for key in response:
+            if response[key] is not None and (key in _UNSUPPORTED_RESPONSE_KEYS or _MAX_TOKENS.match(key)):
+                raise _Reject(
+                    "unsupported_native_response_options",
+                    f"response.{key} is not supported by this model",
+                    f"response.{key}",
+                )
+        for key in ("output_audio_format", "response_format"):
+            if response.get(key) is not None:
+                fmt, rate = _format(response[key], OUTPUT_FORMATS, f"response.{key}")
+                break
+        audio = response.get("audio")
+        output = audio.get("output") if isinstance(audio, dict) else None
+        if fmt is None and isinstance(output, dict) and output.get("format") is not None:
+            fmt, rate = _format(output["format"], OUTPUT_FORMATS, "response.audio.output.format")
+        response = dict(response)
+    return ResponseCreate(**base, response=response, output_format=fmt, output_sample_rate_hz=rate)
+
+
+def _response_cancel(obj: dict, base: dict) -> ClientEvent:
+    return ResponseCancel(**base, response_id=_opt_str(obj, "response_id"))
+
+
+def _output_clear(obj: dict, base: dict) -> ClientEvent:
+    return OutputAudioBufferClear(**base, response_id=_opt_str(obj, "response_id"))
+
+
+def _turn_signal(obj: dict, base: dict) -> ClientEvent:
+    event = obj.get("event")
+    if not isinstance(event, str) or not event.strip():
+        raise _Reject("bad_event", "event must be a non-empty string", "event")
+    payload = _opt_obj(obj, "payload")
+    return TurnSignal(**base, event=event, payload=None if payload is None else dict(payload))
+
+
+def _playback_ack(obj: dict, base: dict) -> ClientEvent:
+    played = obj.get("played_ms")
+    if not _is_num(played):
+        raise _Reject("bad_event", "played_ms must be a finite number", "played_ms")
+    return PlaybackAck(
+        **base,
+        played_ms=played,
+        committed_ms=_opt_num(obj, "committed_ms"),
+        response_id=_opt_str(obj, "response_id"),
+        item_id=_opt_str(obj, "item_id"),
+        truncate=_opt_bool(obj, "truncate"),
+    )
+
+
+def _bare(cls: type[ClientEvent]):
+    def build(obj: dict, base: dict) -> ClientEvent:
+        return cls(**base)
+
+    return build
+
+
+_BUILDERS = {
+    SessionUpdate: _session_update,
+    SessionHeartbeat: _bare(SessionHeartbeat),
+    SessionEventAck: _event_ack,
+    SessionClose: _close,
+    SessionResume: _resume,
+    InputAudioBufferAppend: _append,
+    InputAudioBufferCommit: _commit,
+    InputAudioBufferClear: _bare(InputAudioBufferClear),
+    InputCancel: _bare(InputCancel),
+    InputTextAppend: _text_append,
+    ConversationItemCreate: _item_create,
+    ConversationItemRetrieve: _retrieve,
+    ConversationItemDelete: _delete,
+    ConversationItemTruncate: _truncate,
+    ResponseCreate: _response_create,
+    ResponseCancel: _response_cancel,
+    OutputAudioBufferClear: _output_clear,
+    BargeIn: _bare(BargeIn),
+    TurnSignal: _turn_signal,
+    PlaybackAck: _playback_ack,
+}
+
+# ---------------------------------------------------------------------------------------------------- entry point
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _frame_too_large(text: str | bytes) -> bool:
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        return len(text) > MAX_FRAME_BYTES
+    if len(text) > MAX_FRAME_BYTES:  # every character is at least one UTF-8 byte
+        return True
+    if len(text) * 4 <= MAX_FRAME_BYTES:  # at most four bytes each
+        return False
+    return len(text.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES
+
+
+def parse(text: str | bytes) -> ClientEvent | ParseError:
+    """One client frame → a ``ClientEvent`` or a ``ParseError``; never raises. ``bytes`` is a binary frame."""
+    try:
+        return _parse(text)
+    except Exception as exc:  # defensive: the contract is "never raises"
+        return ParseError("bad_event", f"malformed event: {type(exc).__name__}")
+
+
+def _parse(text: str | bytes) -> ClientEvent | ParseError:
+    if _frame_too_large(text):
+        return ParseError("event_too_large", f"event exceeds {MAX_FRAME_BYTES} bytes")
+    if not isinstance(text, str):
+        return ParseError("bad_event", "binary frames are not accepted; send JSON text")
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return ParseError("invalid_json", "event is not valid JSON")
+    if not isinstance(obj, dict):
+        return ParseError("bad_event", "event must be a JSON object")
+    event_id = obj.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        return ParseError("bad_event", "event_id must be a string", None, "event_id")
+    kind = obj.get("type")
+    if not isinstance(kind, str) or not kind:
+        return ParseError("bad_event", "event type (a non-empty string) is required", event_id, "type")
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        return ParseError("unknown_event", f"unknown event type {kind!r}", event_id, "type")
+    try:
+        return _BUILDERS[cls](obj, {"type": kind, "event_id": event_id})
+    except _Reject as rej:
+        return ParseError(rej.code, rej.message, event_id, rej.param)
