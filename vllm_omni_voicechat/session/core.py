@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import uuid
 from collections import deque
 from collections.abc import Generator
@@ -61,7 +60,6 @@ from .events import (
     FunctionCallFailed,
     FunctionCallPublished,
     FunctionOutputApplied,
-    NativeEvent,
     Output,
     PositionMetrics,
     Prefill,
@@ -1074,6 +1072,3 @@ class SessionCore:
         out, self._out = self._out, []
         return out
 
-
-def events_only(outputs: list[Output]) -> list[NativeEvent]:
-    return [o for o in outputs if isinstance(o, NativeEvent)]

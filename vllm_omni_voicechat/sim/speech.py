@@ -65,7 +65,6 @@ placeholder and no double spaces are introduced: ``"Hi [speech 1.2 s] there"``.
 from __future__ import annotations
 
 import codecs
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 
