@@ -29,6 +29,7 @@ from ..model.tokens import split_tokens
 from ..model.port import (
     NO_CONTROLS,
     AgentControl,
+    BoundaryPhase,
     PositionControls,
     SessionPrompt,
     StepResult,
@@ -95,6 +96,7 @@ from .functions import (
     result_tokens,
 )
 from .gate import InputGate, MicFrame
+from .watchdog import AgentWatchdog
 from .settlement import DEFAULT_FENCE, Settlement, bos_contract_failure
 from .turns import TurnLedger
 from .typed import TypedJob, rejection_reason
@@ -215,6 +217,9 @@ class SessionCore:
         self._cancelling = False
         self._model_busy = False
         self._now = 0.0
+        self._watchdog = AgentWatchdog()
+        self._eos_next = False
+        self._eos_reason: str | None = None
 
     # ================================================================ public API
 
@@ -286,10 +291,13 @@ class SessionCore:
                 if self.cycle is not None and self.cycle.state == "awaiting":
                     return Tick(self._drain(), wake_at=self.cycle.deadline)
                 break
-            if self._inject_next:
-                plan = dataclasses.replace(
-                    plan, controls=dataclasses.replace(plan.controls, tool_result_tokens=self._inject_next)
-                )
+            if self._inject_next or self._eos_next:
+                controls = plan.controls
+                if self._inject_next:
+                    controls = dataclasses.replace(controls, tool_result_tokens=self._inject_next)
+                if self._eos_next:
+                    controls = dataclasses.replace(controls, agent_eos=True)
+                plan = dataclasses.replace(plan, controls=controls)
                 if self._plan is not None:
                     self._plan = plan
             due = self.runner.due_at(plan.kind, now)
@@ -303,6 +311,7 @@ class SessionCore:
                 self._fatal_position_limit(limit)
                 break
             self._inject_next = ()
+            self._eos_next = False
             self._plan = plan
             self._model_started = True
             return Tick(self._drain(), position=position)
@@ -915,7 +924,14 @@ class SessionCore:
                 response.audio_sent = True
                 self._emit(AudioDelta(response.turn_id, response.response_id, result.audio))
             if result.boundary.ended:
-                self._close_response("completed", result.boundary.reason or "model_or_turn_taking")
+                self._close_response("completed", self._eos_reason or result.boundary.reason or "model_or_turn_taking")
+            elif self._model_busy or self.cycle is not None:
+                self._watchdog.reset()  # function work is not a stall; speech after it is a new stretch
+            elif result.boundary.phase is BoundaryPhase.RESPONDING and not result.boundary.started:
+                reason = self._watchdog.observe(result)
+                if reason is not None:
+                    self._eos_next = True
+                    self._eos_reason = reason
         self._emit_metrics(result, delivered=response is not None and not suppress)
 
     def _emit_metrics(self, result: StepResult, delivered: bool) -> None:
@@ -988,6 +1004,8 @@ class SessionCore:
         return turn.turn_id
 
     def _open_response(self, turn_id: str) -> _Response:
+        self._watchdog.reset()
+        self._eos_reason = None
         self._response_seq += 1
         self.response = _Response(turn_id, f"response_{self.session_id}_{self._response_seq}")
         self._emit(ResponseCreated(turn_id, self.response.response_id))

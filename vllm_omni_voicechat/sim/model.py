@@ -17,6 +17,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..audio.frames import INPUT_FRAME_BYTES, OUTPUT_FRAME_SAMPLES, SILENT_OUTPUT_FRAME
 from ..model.port import (
     AgentControl,
@@ -79,6 +81,9 @@ class SimBehaviour:
     """Diagnostic RNNT-owned mode: this many consecutive blanks after speech make the model take the turn."""
     fail_at_position: int | None = None
     """Raise a model failure on this position index."""
+    stalled_response: str | None = None
+    """A response that never says anything until EOS is requested: ``"silent"`` (PAD and digital silence) or
+    ``"hum"`` (PAD with audible non-speech audio). The session's agent watchdogs end it."""
     ignore_eou: bool = False
     """Consume the user EOU but never open the agent turn (a broken EOU/BOS contract)."""
     skip_post_fc_bos: bool = False
@@ -308,7 +313,8 @@ class SimulatorModel:
             self._reply = deque(split_tokens(_reply_text(self.behaviour.reply_template, transcript.strip())))
 
     def _speak(self, force_pad: bool) -> tuple[AgentOutput, bytes]:
-        if self._eos_requested or (not self._reply and not self.behaviour.endless_response):
+        stalled = self.behaviour.stalled_response is not None
+        if self._eos_requested or (not self._reply and not self.behaviour.endless_response and not stalled):
             self._eos_requested = False
             self._reply.clear()
             self._phase = _Phase.TAIL
@@ -316,6 +322,10 @@ class SimulatorModel:
             return AgentOutput(AgentControl.AGENT_EOS, TOKEN_IDS["eos"]), SILENT_OUTPUT_FRAME
         if force_pad:
             return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), SILENT_OUTPUT_FRAME
+        if self.behaviour.stalled_response == "silent":
+            return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), SILENT_OUTPUT_FRAME
+        if self.behaviour.stalled_response == "hum":
+            return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), _HUM
         if not self._reply:  # endless: keep talking
             self._reply.extend(split_tokens(" and more"))
         token = self._reply.popleft()
@@ -405,6 +415,9 @@ class SimulatorModel:
             post_fc_bos_pending=self._force_bos_next or self._post_fc_bos,
             latched=latched,
         )
+
+
+_HUM = (np.sin(np.arange(OUTPUT_FRAME_SAMPLES) * (2 * np.pi * 150 / 22_050)) * 3000).astype("<i2").tobytes()
 
 
 def _reply_text(template: str, transcript: str) -> str:
