@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
+from .audio import AudioFormatError, check_sample_rate, resolve_format
+
 MAX_FRAME_BYTES = 15 * 1024 * 1024  # §2: frame > 15 MiB → event_too_large
-MIN_SAMPLE_RATE = 8_000
-MAX_SAMPLE_RATE = 192_000
 
 # ---------------------------------------------------------------------------------------------------- error codes
 
@@ -78,47 +78,29 @@ class _Reject(Exception):
 
 # ---------------------------------------------------------------------------------------------------- formats
 
-# §8.1 input formats (aliases → canonical). Conversion itself lives in the audio module.
-INPUT_FORMATS: Mapping[str, str] = {
-    **dict.fromkeys(("pcm16", "pcm_s16le", "s16le", "pcm", "audio/pcm"), "pcm16"),
-    **dict.fromkeys(("pcm_f32le", "f32le", "audio/pcm_f32le"), "pcm_f32le"),
-    **dict.fromkeys(("g711_ulaw", "audio/pcmu", "ulaw", "mulaw", "g711-ulaw", "audio/g711_ulaw"), "g711_ulaw"),
-    **dict.fromkeys(("g711_alaw", "audio/pcma", "alaw", "g711-alaw", "audio/g711_alaw"), "g711_alaw"),
-}
-# §8.2 output formats (plus the GA spellings); `wav` is deliberately absent.
-OUTPUT_FORMATS: Mapping[str, str] = {
-    **dict.fromkeys(("pcm16", "pcm_s16le", "s16le", "pcm", "audio/pcm"), "pcm16"),
-    **dict.fromkeys(("g711_ulaw", "audio/pcmu", "ulaw", "mulaw", "g711-ulaw", "audio/g711_ulaw"), "g711_ulaw"),
-    **dict.fromkeys(("g711_alaw", "audio/pcma", "alaw", "g711-alaw", "audio/g711_alaw"), "g711_alaw"),
-}
+# Format names and rate bounds are the audio module's (§8.1 / §8.2); the parser only maps its errors to codes.
 
 
-def _format(value: Any, table: Mapping[str, str], param: str) -> tuple[str | None, int | None]:
+def _format(value: Any, param: str, *, output: bool = False) -> tuple[str | None, int | None]:
     """A format given as a string or as a GA object ``{type, rate}`` → (canonical name, rate or None)."""
     if value is None:
         return None, None
-    rate: int | None = None
-    name: Any = value
-    if isinstance(value, dict):
-        name = value.get("type")
-        if "rate" in value and value["rate"] is not None:
-            rate = _rate(value["rate"], f"{param}.rate")
-        if name is None:
-            return None, rate
-    if not isinstance(name, str):
-        raise _Reject("unsupported_audio_format", f"{param} must be a string or a format object", param)
-    canonical = table.get(name.strip().lower())
-    if canonical is None:
-        raise _Reject("unsupported_audio_format", f"unsupported audio format {name!r}", param)
-    return canonical, rate
+    if isinstance(value, dict) and value.get("type") is None:
+        rate = value.get("rate")
+        return None, None if rate is None else _rate(rate, f"{param}.rate")
+    try:
+        return resolve_format(value, output=output, param=param)
+    except AudioFormatError as exc:
+        if exc.code == "invalid_sample_rate":
+            raise _Reject("bad_event", str(exc), exc.param) from None
+        raise _Reject("unsupported_audio_format", str(exc), param) from None
 
 
 def _rate(value: Any, param: str) -> int:
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not MIN_SAMPLE_RATE <= value <= MAX_SAMPLE_RATE:
-        raise _Reject("bad_event", f"{param} must be an integer within {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE}", param)
-    return value
+    try:
+        return check_sample_rate(value, param)
+    except AudioFormatError as exc:
+        raise _Reject("bad_event", str(exc), param) from None
 
 
 # ---------------------------------------------------------------------------------------------------- field helpers
@@ -412,7 +394,7 @@ def _append(obj: dict, base: dict) -> ClientEvent:
             raise _Reject("invalid_video_frames", "video_frames must be a list of strings", "video_frames")
         video = tuple(frames)
     fmt_key = "format" if obj.get("format") is not None else "input_audio_format"
-    fmt, fmt_rate = _format(obj.get(fmt_key), INPUT_FORMATS, fmt_key)
+    fmt, fmt_rate = _format(obj.get(fmt_key), fmt_key)
     rate: int | None = None
     for key in ("sample_rate_hz", "sample_rate"):
         if obj.get(key) is not None:
@@ -467,7 +449,7 @@ def _item_create(obj: dict, base: dict) -> ClientEvent:
             if isinstance(part, dict) and part.get("type") in ("input_audio", "audio"):
                 for key in ("format", "input_audio_format"):
                     if part.get(key) is not None:
-                        _format(part[key], INPUT_FORMATS, f"item.content[{i}].{key}")
+                        _format(part[key], f"item.content[{i}].{key}")
     return ConversationItemCreate(**base, item=dict(item), previous_item_id=previous)
 
 
@@ -512,12 +494,12 @@ def _response_create(obj: dict, base: dict) -> ClientEvent:
                 )
         for key in ("output_audio_format", "response_format"):
             if response.get(key) is not None:
-                fmt, rate = _format(response[key], OUTPUT_FORMATS, f"response.{key}")
+                fmt, rate = _format(response[key], f"response.{key}", output=True)
                 break
         audio = response.get("audio")
         output = audio.get("output") if isinstance(audio, dict) else None
         if fmt is None and isinstance(output, dict) and output.get("format") is not None:
-            fmt, rate = _format(output["format"], OUTPUT_FORMATS, "response.audio.output.format")
+            fmt, rate = _format(output["format"], "response.audio.output.format", output=True)
         response = dict(response)
     return ResponseCreate(**base, response=response, output_format=fmt, output_sample_rate_hz=rate)
 
