@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..model.port import ModelPort
 from ..runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
@@ -30,7 +30,5 @@ class ServerConfig:
         """The embedded CPU default: the simulator model with a measurable prefill (the model-ready barrier)."""
         base = behaviour or SimBehaviour()
         if prefill_delay_s and not base.prefill_delay_s:
-            from dataclasses import replace
-
             base = replace(base, prefill_delay_s=prefill_delay_s)
         return cls(model_kind="simulator", model_factory=lambda: SimulatorModel(base), **kw)

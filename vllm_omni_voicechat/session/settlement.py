@@ -120,9 +120,7 @@ def fused_contract_failure(result: StepResult, fence: int) -> str | None:
 
 
 def bos_contract_failure(result: StepResult) -> str | None:
-    """Why a separate EOU position did not open the agent turn, or None."""
-    if result.agent.control is not AgentControl.AGENT_BOS:
-        return f"EOU position produced {result.agent.control.value}, not agent_bos"
+    """Why a separate EOU position that produced agent BOS breaks its contract, or None."""
     if result.agent.delta:
         return "EOU position changed the text channel"
     return None

@@ -113,7 +113,6 @@ class SessionShell:
             await self._dispatch(self.core.receive(item, now))
 
     async def _dispatch(self, outputs: list[Any], *, publish: bool = True) -> None:
-        loop = asyncio.get_running_loop()
         for output in outputs:
             if not isinstance(output, Effect):
                 if publish:
@@ -124,16 +123,19 @@ class SessionShell:
                 continue
             match output:
                 case AbortModel():
-                    try:
-                        await loop.run_in_executor(self._executor, self.model.abort)
-                    except Exception as exc:
-                        self.cleanup_error = exc
+                    await self._abort_model()
                 case Prefill(prompt=prompt):
                     self._spawn(self._prefill(prompt))
                 case StartSynthesis(job_id=job_id, text=text):
                     self._spawn(self._synthesize(job_id, text))
                 case CancelSynthesis():
                     pass  # a finished synthesis for a cancelled job is ignored by the core
+
+    async def _abort_model(self) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.model.abort)
+        except Exception as exc:  # the model home is suspect: the server stops admitting sessions
+            self.cleanup_error = exc
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -169,11 +171,9 @@ class SessionShell:
             outputs = self.core.disconnect(self._clock())
             if any(isinstance(o, AbortModel) for o in outputs):
                 try:
-                    await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._executor, self.model.abort))
+                    await asyncio.shield(self._abort_model())
                 except asyncio.CancelledError:
                     pass
-                except Exception as exc:
-                    self.cleanup_error = exc
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
