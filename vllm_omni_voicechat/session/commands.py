@@ -64,3 +64,33 @@ class RequestTypedInput(Command):
 @dataclass(frozen=True, slots=True)
 class Stop(Command):
     client_event_id: str | None = None
+
+
+# --- model-owned turn policy (the tiered dialect) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInput(Command):
+    """Force the end of the open microphone turn now: pad, settle to the RNNT fence, fire the EOU.
+
+    Without speech in the turn (silence or noise only) the turn closes without an EOU (``ListenDecision``).
+    """
+
+    client_event_id: str | None = None
+    wire_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClearInput(Command):
+    """Drop uncommitted microphone input: the partial frame, the gate pre-roll, queued frames, an open turn."""
+
+    client_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResponse(Command):
+    """End the open response through the cancel-to-terminal tail (agent EOS, suppressed output); the model's
+    context survives. A no-op when nothing is open by the time it runs."""
+
+    reason: str = "client_cancelled"
+    client_event_id: str | None = None

@@ -45,6 +45,9 @@ from ..runner.stage0 import (
 from .commands import (
     AppendAudio,
     Command,
+    CancelResponse,
+    ClearInput,
+    CommitInput,
     CommitTurn,
     Configure,
     RequestTypedInput,
@@ -61,6 +64,8 @@ from .events import (
     FunctionCallFailed,
     FunctionCallPublished,
     FunctionOutputApplied,
+    InputCleared,
+    ListenDecision,
     Output,
     PositionMetrics,
     Prefill,
@@ -122,6 +127,11 @@ class SessionConfig:
     function_call_timeout_s: float = FUNCTION_CALL_TIMEOUT_S
     max_function_calls_per_response: int = MAX_FUNCTION_CALLS_PER_RESPONSE
     function_recovery_max_frames: int = FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES
+    turn_policy: str = "client"
+    """``client``: turns open and commit on client barriers (v3). ``model``: speech opens a turn and the model
+    ends it (RNNT blank fence -> EOU); a client ``CommitInput`` forces the end (the tiered dialect)."""
+    model_eou_blank_frames: int | None = None
+    """The model-owned EOU fence in blank positions (default: ``settlement_blank_frames``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +157,10 @@ class _InputTurn:
     source: str
     job_id: str | None
     transcript: str = ""
+    settling: bool = False
+    """A procedure is ending this turn (settlement/EOU): a clear can no longer drop it."""
+    quiet: int = 0
+    """Consecutive quiet microphone frames (model-owned policy: ends a turn that never produced words)."""
 
 
 @dataclass(slots=True)
@@ -220,6 +234,12 @@ class SessionCore:
         self._watchdog = AgentWatchdog()
         self._eos_next = False
         self._eos_reason: str | None = None
+        # model-owned turn policy
+        self.model_turns = config.turn_policy == "model"
+        self.auto_eou = True
+        """Model-owned EOU on the blank fence; off, only a ``CommitInput`` ends a turn."""
+        self.eou_blank_frames = config.model_eou_blank_frames or config.settlement_blank_frames
+        self._last_turn_outcome: str | None = None  # eou | listen | cleared
 
     # ================================================================ public API
 
@@ -251,7 +271,7 @@ class SessionCore:
             if isinstance(command, RequestTypedInput):
                 self._emit(TypedRejected(command.job_id, "typed_input_unavailable"))
             return self._drain()
-        if self.cycle is not None and isinstance(command, (AppendAudio, StartTurn, CommitTurn)):
+        if self.cycle is not None and isinstance(command, (AppendAudio, StartTurn, CommitTurn, CommitInput, ClearInput)):
             self._defer(command)
             return self._drain()
         self._dispatch(command)
@@ -273,6 +293,12 @@ class SessionCore:
                 self._on_stop(command)
             case SubmitFunctionOutput():
                 self._on_function_output(command)
+            case CommitInput():
+                self._on_commit_input(command)
+            case ClearInput():
+                self._on_clear_input(command)
+            case CancelResponse():
+                self._on_cancel_response(command)
             case _:
                 raise TypeError(f"unknown command {command!r}")
 
@@ -489,6 +515,35 @@ class SessionCore:
             self._transport_frames += 1
         self._queue.append(_Item("commit", (cmd, turn_id)))
 
+    def _on_commit_input(self, cmd: CommitInput) -> None:
+        if not self.configured:
+            self._emit(Error("session_not_configured", "send session.update before committing", False, cmd.client_event_id))
+            return
+        if not self.gate.is_open and self.gate.heard_loud:
+            # A short utterance that never held the gate open for long enough still counts.
+            self._queue.extend(_Item("frame", f) for f in self.gate.force_open())
+        tail = self._assembler.pad()
+        if tail is not None and self.gate.is_open:
+            self._queue.append(_Item("padding", (tail, self._transport_frames)))
+            self._transport_frames += 1
+        self._queue.append(_Item("commit_input", cmd))
+
+    def _on_clear_input(self, cmd: ClearInput) -> None:
+        self._assembler.discard()
+        self.gate.clear()
+        self._queue = deque(i for i in self._queue if i.kind not in ("frame", "padding"))
+        self._pending_transcript = ""
+        turn = self._input_turn
+        if turn is not None and turn.source == "microphone" and not turn.settling:
+            self._input_turn = None
+            self._last_turn_outcome = "cleared"
+            self._emit(SpeechStopped(turn.turn_id, "microphone", None))
+            self._emit(InputCleared(turn.turn_id))
+
+    def _on_cancel_response(self, cmd: CancelResponse) -> None:
+        # Ahead of queued input: the cancel runs right after the position in flight.
+        self._queue.appendleft(_Item("cancel", cmd))
+
     def _on_typed_request(self, cmd: RequestTypedInput) -> None:
         reason = rejection_reason(
             cmd.job_id,
@@ -575,9 +630,14 @@ class SessionCore:
             self._queue.popleft()
             match item.kind:
                 case "frame":
-                    return self._frame_proc(PositionKind.REAL, item.payload.pcm, item.payload.transport_frame)
+                    f = item.payload
+                    return self._frame_proc(PositionKind.REAL, f.pcm, f.transport_frame, f.loud)
                 case "padding":
                     return self._frame_proc(PositionKind.COMMIT_PADDING, *item.payload)
+                case "commit_input":
+                    return self._commit_input_proc(item.payload)
+                case "cancel":
+                    return self._cancel_proc(item.payload)
                 case "reack":
                     self._emit(item.payload)
                 case "start":
@@ -600,9 +660,74 @@ class SessionCore:
 
     # ================================================================ procedures
 
-    def _frame_proc(self, kind: PositionKind, pcm: bytes, transport_frame: int | None) -> Procedure:
+    def _frame_proc(self, kind: PositionKind, pcm: bytes, transport_frame: int | None, loud: bool = False) -> Procedure:
         result = yield _Plan(kind, pcm, NO_CONTROLS, transport_frame)
+        if not self.model_turns:
+            self._publish(result)
+            return
+        turn = self._input_turn
+        if turn is None and self._typed is None and (loud or result.rnnt.speech_confirmed):
+            # Model-owned onset: speech opens a candidate turn (its RNNT words so far come with it).
+            turn = self._open_input_turn(self._new_turn_id(), "microphone", None, "")
+            if turn.transcript:
+                self._emit(TranscriptDelta(turn.turn_id, turn.transcript, turn.transcript, "microphone", None))
         self._publish(result)
+        if turn is None or turn is not self._input_turn or turn.settling or self.closed:
+            return
+        turn.quiet = 0 if loud or result.rnnt.speech_confirmed else turn.quiet + 1
+        fence = self.eou_blank_frames
+        if turn.transcript and self.auto_eou and self.blank_count >= fence - 1:
+            yield from self._model_eou(turn, "new_response")
+        elif not turn.transcript and turn.quiet >= fence and self.blank_count >= fence:
+            self._listen(turn, "model_listen", None)
+
+    def _model_eou(self, turn: _InputTurn, cancel_reason: str) -> Procedure:
+        """End a model-owned turn: cancel a response it overlaps, then settle to the fence and fire the EOU."""
+        turn.settling = True
+        if self._must_cancel():
+            yield from self._cancel_tail(cancel_reason)
+            if self.closed:
+                return
+        yield from self._settle_and_eou(None)
+
+    def _listen(self, turn: _InputTurn | None, reason: str, client_event_id: str | None) -> None:
+        turn_id = None
+        if turn is not None:
+            turn_id = self._close_input_turn()
+        self._last_turn_outcome = "listen"
+        self._emit(ListenDecision(turn_id, reason, client_event_id))  # type: ignore[arg-type]
+
+    def _commit_input_proc(self, cmd: CommitInput) -> Procedure:
+        turn = self._input_turn
+        if turn is None or turn.source != "microphone":
+            if self._last_turn_outcome != "eou":
+                self._listen(None, "silence_or_noise", cmd.client_event_id)
+            return  # the model-owned EOU already took this audio: a redundant commit is benign
+        if turn.settling:
+            return
+        turn.settling = True
+        if self._must_cancel():
+            yield from self._cancel_tail("new_response")
+            if self.closed:
+                return
+        # Words still being decoded arrive during settlement; without any, the turn ends as a listen decision.
+        steps = 0
+        while not turn.transcript and self.blank_count < self.eou_blank_frames:
+            result = yield _Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, PositionControls(pre_eou=True))
+            self._publish(result)
+            if self.closed:
+                return
+            steps += 1
+            if steps >= 2 * self.eou_blank_frames:
+                break
+        if not turn.transcript:
+            self._listen(turn, "silence_or_noise", cmd.client_event_id)
+            return
+        yield from self._settle_and_eou(None)
+
+    def _cancel_proc(self, cmd: CancelResponse) -> Procedure:
+        if self.cycle is None and self._must_cancel():  # a published call's wait is ended by its output
+            yield from self._cancel_tail(cmd.reason)
 
     def _start_proc(self, cmd: StartTurn, turn_id: str) -> Procedure:
         if self._must_cancel():
@@ -727,6 +852,7 @@ class SessionCore:
                 return
             if outcome.kind == "fused_terminal":
                 self._eou_turn_id = turn.turn_id
+                self._last_turn_outcome = "eou"
                 self._publish(result, ack=ack, close_turn=True)
                 return
             self._publish(result)
@@ -738,6 +864,7 @@ class SessionCore:
         self._close_input_turn()
         result = yield _Plan(PositionKind.EOU, SILENT_INPUT_FRAME, PositionControls(eou_now=True))
         self._eou_turn_id = turn.turn_id
+        self._last_turn_outcome = "eou"
         details = {"source": turn.source, "job_id": turn.job_id}
         if result.agent.control is not AgentControl.AGENT_BOS:
             if result.function.busy:

@@ -92,6 +92,25 @@ class TranscriptCompleted(NativeEvent):
         return not self.transcript
 
 
+@dataclass(frozen=True, slots=True)
+class ListenDecision(NativeEvent):
+    """Model-owned turn taking decided not to respond: a commit or candidate turn held no speech.
+
+    ``turn_id`` is the closed candidate turn, or None when no turn was open.
+    """
+
+    turn_id: str | None
+    reason: Literal["silence_or_noise", "model_listen"]
+    client_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InputCleared(NativeEvent):
+    """``ClearInput`` dropped an open, uncommitted microphone turn (after its ``SpeechStopped``)."""
+
+    turn_id: str
+
+
 # --- responses ---------------------------------------------------------------------------------------------
 
 

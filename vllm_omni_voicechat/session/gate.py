@@ -70,5 +70,10 @@ class InputGate:
         self._loud_run = 0
 
     @property
+    def heard_loud(self) -> bool:
+        """Whether the held pre-roll contains speech energy."""
+        return any(f.loud for f in self._held)
+
+    @property
     def held(self) -> int:
         return len(self._held)
