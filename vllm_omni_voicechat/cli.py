@@ -21,6 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--settlement-blank-frames", type=int, default=DEFAULT_FENCE)
     serve.add_argument("--prefill-delay-ms", type=float, default=50.0, help="simulated model prefill time")
     serve.add_argument("--instructions", default="", help="default system prompt (restored by instructions:null)")
+    serve.add_argument(
+        "--realtime-default",
+        default="v3",
+        choices=["v3", "tiered", "tiered-openai"],
+        help="dialect of a bare /v1/realtime (no duplex/model query, no OpenAI-Beta header)",
+    )
+    serve.add_argument("--disconnect-grace-s", type=float, default=30.0, help="how long a dropped tiered session waits for session.resume")
     serve.add_argument("--log-level", default="info")
     return parser
 
@@ -38,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             max_session_model_frames=args.max_session_model_frames,
             settlement_blank_frames=args.settlement_blank_frames,
             default_instructions=args.instructions,
+            realtime_default=args.realtime_default,
+            disconnect_grace_s=args.disconnect_grace_s,
         )
         # Protocol-level pings are off: long model steps or slow consumers must never trip a transport timer.
         uvicorn.run(

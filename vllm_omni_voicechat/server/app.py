@@ -1,4 +1,5 @@
-"""The ASGI app: ``/v1/realtime`` and ``/v1/voicechat`` speak v3, ``/health`` reports readiness.
+"""The ASGI app: ``/v1/voicechat`` speaks v3, ``/v1/duplex`` the tiered dialect, ``/v1/realtime`` either (chosen
+per request, docs/tiered-dialect.md §1.1), ``/health`` reports readiness.
 
 Each admitted connection gets its own session core, model instance and asyncio shell with a one-thread model
 executor, so a slow or failing session never blocks another. Protocol rules live in the core and the wire
@@ -24,6 +25,11 @@ from starlette.websockets import WebSocket
 
 from ..session.core import SessionConfig, SessionCore
 from ..shell.aio import SessionShell
+from ..wire.tiered import parser as tiered_parser
+from ..wire.tiered.connection import Detached, Outbound, TieredOptions, TieredSession
+from ..wire.tiered.projector import error_event
+from ..wire.tiered.routing import UnknownRoute, duplex_off_answer_text, select_route
+from ..wire.tiered.schema import CLOSE_TRY_AGAIN_LATER, HANDSHAKE_TIMEOUT_S
 from ..wire.transport import CloseTransport
 from ..wire.v3 import PROTOCOL, V3Options, V3Session
 from ..wire.v3.schema import CLOSE_BUSY
@@ -37,6 +43,44 @@ def _dumps(event: dict[str, Any]) -> str:
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
 
 
+class _Attachment:
+    """A tiered session and the socket it is attached to (None while detached); sends are serialized so a
+    resume's replay and live events never interleave."""
+
+    def __init__(self, protocol: TieredSession) -> None:
+        self.protocol = protocol
+        self.shell: SessionShell | None = None
+        self.socket: WebSocket | None = None
+        self.lock = asyncio.Lock()
+        self.sent_through = 0
+        self.close_code: int | None = None
+        self.ended = asyncio.Event()
+
+    async def send(self, item: Outbound) -> None:
+        async with self.lock:
+            ws = self.socket
+            if ws is None or (item.seq is not None and item.seq <= self.sent_through):
+                return  # detached (the journal keeps it) or already replayed on this socket
+            try:
+                await ws.send_text(item.text)
+            except Exception:
+                self.detach(ws)
+                return
+            if item.seq is not None:
+                self.sent_through = item.seq
+
+    def detach(self, ws: WebSocket) -> None:
+        if self.socket is not ws:
+            return  # a superseded socket going away changes nothing
+        self.socket = None
+        if self.shell is None:
+            return
+        if self.protocol.resumable:
+            self.shell.submit(Detached())  # type: ignore[arg-type]
+        else:
+            self.shell.disconnect()
+
+
 class VoicechatServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -44,6 +88,7 @@ class VoicechatServer:
         self.started_at = time.monotonic()
         self.sessions: dict[str, SessionShell] = {}
         self.cleanup_failure: str | None = None  # set when a session's model abort failed: new sessions refused
+        self.tiered: dict[str, _Attachment] = {}  # live and detached tiered sessions, for session.resume
 
     @property
     def typed_ready(self) -> bool:
@@ -166,6 +211,180 @@ class VoicechatServer:
                 pass
 
 
+    # ================================================================ the tiered dialect
+
+    async def realtime(self, websocket: WebSocket) -> None:
+        try:
+            route = select_route(
+                websocket.url.path,
+                dict(websocket.query_params),
+                dict(websocket.headers),
+                bare_default=self.config.realtime_default,
+            )
+        except UnknownRoute:
+            await websocket.close(1008)
+            return
+        if route.dialect == "v3":
+            await self.v3(websocket)
+            return
+        await websocket.accept()
+        if route.dialect == "duplex_off":
+            await self._answer(websocket, duplex_off_answer_text(), 1000)
+            return
+        first: str | bytes | None = None
+        if not route.autostart:
+            try:
+                message = await asyncio.wait_for(websocket.receive(), HANDSHAKE_TIMEOUT_S)
+            except TimeoutError:
+                await self._answer(websocket, _dumps(self._error("config_timeout", "no first message within 10 s")), 1000)
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            first = message.get("text") if message.get("text") is not None else message.get("bytes")
+            parsed = tiered_parser.parse(first or "")
+            if isinstance(parsed, tiered_parser.SessionResume):
+                await self._resume(websocket, parsed)
+                return
+        if not self.admission.try_acquire():
+            limit = self.admission.capacity
+            err = self._error("resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}", retryable=True)
+            await self._answer(websocket, _dumps(err), CLOSE_TRY_AGAIN_LATER)
+            return
+        try:
+            await self._run_tiered(websocket, route, first)
+        finally:
+            self.admission.release()
+
+    @staticmethod
+    def _error(code: str, message: str, **kw: Any) -> dict[str, Any]:
+        return {"type": "error", "event_id": f"event_{uuid.uuid4().hex[:12]}", **{
+            k: v for k, v in error_event(code, message, **kw).items() if k != "type"}}
+
+    @staticmethod
+    async def _answer(websocket: WebSocket, text: str, code: int) -> None:
+        try:
+            await websocket.send_text(text)
+            await websocket.close(code)
+        except Exception:  # the client left first
+            pass
+
+    async def _run_tiered(self, websocket: WebSocket, route: Any, first: str | bytes | None) -> None:
+        cfg = self.config
+        core = SessionCore(
+            SessionConfig(
+                session_id=f"duplex-{uuid.uuid4().hex}",
+                settlement_blank_frames=cfg.settlement_blank_frames,
+                max_session_model_frames=cfg.max_session_model_frames,
+                typed_input_ready=self.typed_ready,
+                function_call_timeout_s=cfg.function_call_timeout_s,
+                function_recovery_max_frames=cfg.function_recovery_max_frames,
+                turn_policy="model",
+                gate_open_after=1,
+            )
+        )
+        protocol = TieredSession(
+            core,
+            TieredOptions(
+                lane=route.lane,
+                model=route.model,
+                autostart=route.autostart,
+                default_instructions=cfg.default_instructions,
+                max_sessions=cfg.max_sessions,
+                disconnect_grace_s=cfg.disconnect_grace_s,
+                journal_max_bytes=cfg.journal_max_bytes,
+                journal_ttl_s=cfg.journal_ttl_s,
+            ),
+        )
+        att = _Attachment(protocol)
+        att.socket = websocket
+
+        async def sink(item: Any) -> None:
+            if isinstance(item, CloseTransport):
+                att.close_code = item.code
+            elif isinstance(item, Outbound):
+                await att.send(item)
+
+        for item in protocol.start(time.monotonic()):
+            await sink(item)
+        if self.cleanup_failure is not None:
+            for item in protocol.poisoned(self.cleanup_failure, time.monotonic()):
+                await sink(item)
+            await websocket.close(att.close_code or 1011)
+            return
+        shell = SessionShell(protocol, cfg.model_factory(), sink, synthesizer=cfg.synthesizer)
+        att.shell = shell
+        self.sessions[core.session_id] = shell
+        self.tiered[core.session_id] = att
+        if first is not None:
+            shell.submit(first)
+        reader = asyncio.create_task(self._read(att, websocket))
+        try:
+            await shell.run()
+        finally:
+            att.ended.set()
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            self.sessions.pop(core.session_id, None)
+            self.tiered.pop(core.session_id, None)
+            if shell.cleanup_error is not None:
+                self.cleanup_failure = f"model abort failed: {shell.cleanup_error}"
+                log.error("session %s: %s; refusing new sessions", core.session_id, self.cleanup_failure)
+            ws, att.socket = att.socket, None
+            if ws is not None:
+                with contextlib.suppress(Exception):
+                    await ws.close(att.close_code or 1000)
+
+    @staticmethod
+    async def _read(att: _Attachment, websocket: WebSocket) -> None:
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if att.socket is not websocket or att.shell is None:
+                    break  # replaced by a resumed socket
+                data = message.get("text") if message.get("text") is not None else message.get("bytes")
+                if data is not None:
+                    att.shell.submit(data)
+        except Exception:  # a transport error is a drop like any other
+            pass
+        att.detach(websocket)
+
+    async def _resume(self, websocket: WebSocket, request: tiered_parser.SessionResume) -> None:
+        att = self.tiered.get(request.session_id)
+        if att is None or att.ended.is_set():
+            await self._answer(websocket, _dumps(self._error("session_resume_expired", "no live session with that id",
+                                                             event_id=request.event_id)), 1000)
+            return
+        async with att.lock:
+            outcome = att.protocol.resume(request, time.monotonic())
+            if not outcome.ok:
+                for item in outcome.outputs:
+                    with contextlib.suppress(Exception):
+                        await websocket.send_text(item.text)
+                with contextlib.suppress(Exception):
+                    await websocket.close(1000)
+                return
+            old, att.socket = att.socket, websocket
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    if outcome.replaced is not None:
+                        await old.send_text(outcome.replaced.text)
+                    await old.close(1000, "session_replaced")
+            try:
+                for item in outcome.outputs:
+                    await websocket.send_text(item.text)
+            except Exception:
+                att.protocol.rollback_resume()
+                att.socket = None
+                if att.shell is not None:
+                    att.shell.submit(Detached())  # type: ignore[arg-type]
+                return
+            last = [o.seq for o in outcome.outputs if o.seq is not None]
+            att.sent_through = max([att.sent_through, *last])
+        await self._read(att, websocket)  # until this socket drops, is replaced, or the session ends
+
+
 def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], None] | None = None) -> Starlette:
     """The app; ``on_ready`` runs once the server has started (tests use it instead of polling)."""
     server = VoicechatServer(config or ServerConfig.simulator())
@@ -180,7 +399,8 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
         lifespan=lifespan,
         routes=[
             Route("/health", server.health),
-            WebSocketRoute("/v1/realtime", server.v3),
+            WebSocketRoute("/v1/realtime", server.realtime),
+            WebSocketRoute("/v1/duplex", server.realtime),
             WebSocketRoute("/v1/voicechat", server.v3),
         ]
     )

@@ -24,6 +24,13 @@ class ServerConfig:
     model_kind: str = "simulator"
     model_factory: Callable[[], ModelPort] = field(default=lambda: SimulatorModel())
     synthesizer: Synthesizer | None = field(default_factory=SimulatorSynthesizer)
+    realtime_default: str = "v3"
+    """What a bare ``/v1/realtime`` (no ``duplex``/``model`` query, no ``OpenAI-Beta``) speaks: v3 | tiered |
+    tiered-openai."""
+    disconnect_grace_s: float = 30.0
+    """How long a detached tiered session waits for ``session.resume``."""
+    journal_max_bytes: int = 8 << 20
+    journal_ttl_s: float = 60.0
 
     @classmethod
     def simulator(cls, *, prefill_delay_s: float = 0.05, behaviour: SimBehaviour | None = None, **kw) -> ServerConfig:

@@ -1,0 +1,460 @@
+"""Native events -> tiered wire events (pure; docs/tiered-dialect.md §3, §4, §5, §9.1).
+
+One native response may become two wire responses: a function call ends wire response A (so OpenAI clients see it
+finish and answer the call), and the post-tool speech opens wire response B. Wire ids (``resp_<n>``, items
+``item_<response>``) are the projector's own. Cancels run synchronously here: the cancelled terminal goes out at
+once, the native response is fenced, and the epoch advances; the core's cancel tail is never shown.
+
+Events come out as dicts without ``event_id``/``server_event_seq``; the session stamps and journals them. Tier 3
+events are produced only when ``tier3`` is set (the full lane).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pybase64
+
+from ...audio.frames import OUTPUT_SAMPLE_RATE
+from ...session import events as ev
+from .audio import OutputEncoder
+from .epoch import EpochFence
+from .items import ItemStore
+from .ledger import PlaybackLedger
+from .parser import error_class
+
+WireEvent = dict[str, Any]
+
+# §3.6: GA status_details.reason is a closed set; the full lane keeps our own reasons.
+_GA_CANCEL_REASON = {"client_cancelled": "client_cancelled"}
+_MS_PER_POSITION = 80
+
+
+def error_event(code: str, message: str, *, event_id: Any = None, param: str | None = None,
+                retryable: bool | None = None) -> WireEvent:
+    body: dict[str, Any] = {"type": error_class(code), "code": code, "message": message}
+    if event_id is not None:
+        body["event_id"] = event_id
+    if param is not None:
+        body["param"] = param
+    if retryable is not None:
+        body["retryable"] = retryable
+    return {"type": "error", "error": body}
+
+
+@dataclass(slots=True)
+class WireResponse:
+    id: str
+    native_id: str
+    epoch: int
+    modalities: tuple[str, ...]
+    ledger: PlaybackLedger
+    encoder: OutputEncoder | None
+    output: list[dict] = field(default_factory=list)
+    message_open: bool = False
+    transcript: str = ""
+    text_pending: str = ""
+    speak_sent: bool = False
+    done: bool = False
+    status: str = "in_progress"
+
+    @property
+    def item_id(self) -> str:
+        return f"item_{self.id}"
+
+    @property
+    def audio(self) -> bool:
+        return "audio" in self.modalities
+
+
+class TieredProjector:
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        tier3: bool,
+        output_format: str = "pcm16",
+        output_rate: int = 24_000,
+        modalities: tuple[str, ...] = ("audio", "text"),
+        commit_policy: str = "commit_all_on_done",
+    ) -> None:
+        self.session_id = session_id
+        self.tier3 = tier3
+        self.output_format = output_format
+        self.output_rate = output_rate
+        self.modalities = modalities
+        self.commit_policy = commit_policy
+        self.fence = EpochFence()
+        self.items = ItemStore()
+        self.responses: dict[str, WireResponse] = {}
+        self.active: WireResponse | None = None
+        self.last: WireResponse | None = None
+        self.input_ms = 0
+        """Milliseconds of microphone audio received so far (speech event timestamps)."""
+        self._response_seq = 0
+        self._waiting_calls: set[str] = set()  # native responses inside a function cycle (output dropped)
+        self._user_turn_item: dict[str, str] = {}
+        self.pending_create = False
+        """A ``response.create`` after a function output waits for wire response B."""
+
+    @property
+    def epoch(self) -> int:
+        return self.fence.epoch
+
+    # ================================================================ native events
+
+    def project(self, e: ev.NativeEvent) -> list[WireEvent]:  # noqa: C901 - one branch per event type
+        if not self.fence.admits(e):
+            return []
+        match e:
+            case ev.SpeechStarted(source="microphone"):
+                out = [{"type": "input_audio_buffer.speech_started", "audio_start_ms": self.input_ms,
+                        "item_id": self._user_item(e.turn_id)}]
+                if self.active is not None and self.tier3:
+                    out.append(self._overlap("listen", "model_owned_overlap"))
+                return out
+            case ev.TranscriptDelta(source="microphone"):
+                return [{"type": "conversation.item.input_audio_transcription.delta",
+                         "item_id": self._user_item(e.turn_id), "content_index": 0, "delta": e.delta}]
+            case ev.SpeechStopped(source="microphone"):
+                return [{"type": "input_audio_buffer.speech_stopped", "audio_end_ms": self.input_ms,
+                         "item_id": self._user_item(e.turn_id)}]
+            case ev.TranscriptCompleted(source="microphone") if e.transcript:
+                return self._user_audio_committed(e)
+            case ev.ListenDecision():
+                return [self.listen(e.reason, model_listen=e.reason == "model_listen")] if self.tier3 else []
+            case ev.ResponseCreated():
+                return self._open(e.response_id)
+            case ev.TextDelta():
+                return self._text(e)
+            case ev.AudioDelta():
+                return self._audio(e)
+            case ev.ResponseDone():
+                return self._native_done(e)
+            case ev.FunctionCallPublished():
+                return self._function_call(e)
+            case ev.FunctionOutputApplied():
+                self._waiting_calls.clear()
+                if not self.tier3:
+                    return []
+                return [{"type": "turn.event", "session_id": self.session_id, "event": "function_call_output.applied",
+                         "call_id": e.call_id, "turn_state": self.turn_state, "epoch": self.epoch}]
+            case ev.FunctionCallFailed():
+                self._waiting_calls.discard(e.response_id)
+                return [error_event("function_call_output_timeout",
+                                    f"no function_call_output for {e.call_id} in time; the model was told so")]
+            case ev.TypedRejected():
+                return [error_event(e.reason, f"typed input {e.job_id!r} was not accepted: {e.reason}")]
+            case ev.Error():
+                return [error_event(e.code, e.message, event_id=e.client_event_id,
+                                    retryable=False if e.fatal else None)]
+            case _:
+                return []
+
+    @property
+    def turn_state(self) -> str:
+        if self.active is not None:
+            return "speaking"
+        return "listening"
+
+    # ================================================================ user items
+
+    def _user_item(self, turn_id: str) -> str:
+        return self._user_turn_item.setdefault(turn_id, f"item_{turn_id}")
+
+    def _user_audio_committed(self, e: ev.TranscriptCompleted) -> list[WireEvent]:
+        item_id = self._user_item(e.turn_id)
+        item = {"id": item_id, "type": "message", "object": "realtime.item", "role": "user", "status": "completed",
+                "content": [{"type": "input_audio", "transcript": e.transcript}]}
+        previous = self.items.add(item)
+        committed: WireEvent = {"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id}
+        if self.tier3:
+            committed["event"] = {"type": "input.committed", "session_id": self.session_id, "turn_id": e.turn_id,
+                                  "epoch": self.epoch, "history_len": len(self.items), "message": e.transcript,
+                                  "realtime_item_id": item_id}
+        seconds = round(self.input_ms / 1000, 3)
+        return [
+            *self.item_added(item, previous),
+            committed,
+            {"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id, "content_index": 0,
+             "transcript": e.transcript, "usage": {"type": "duration", "seconds": seconds}},
+            {"type": "conversation.item.done", "previous_item_id": previous, "item": item},
+        ]
+
+    def item_added(self, item: dict, previous: str | None) -> list[WireEvent]:
+        # The seed emits the beta and GA spellings together.
+        return [{"type": "conversation.item.added", "previous_item_id": previous, "item": item},
+                {"type": "conversation.item.created", "previous_item_id": previous, "item": item}]
+
+    # ================================================================ responses
+
+    def _open(self, native_id: str) -> list[WireEvent]:
+        if self.active is not None:  # defensive: one wire response at a time
+            return []
+        self._response_seq += 1
+        rid = f"resp_{self._response_seq}"
+        encoder = OutputEncoder(self.output_format, self.output_rate) if "audio" in self.modalities else None
+        r = WireResponse(rid, native_id, self.epoch, self.modalities,
+                         PlaybackLedger(rid, self.commit_policy), encoder)  # type: ignore[arg-type]
+        self.responses[rid] = r
+        self.active = self.last = r
+        self.pending_create = False
+        out = [{"type": "response.created", "response_id": rid, "response": self._response_body(r)}]
+        out += self._open_message(r)
+        return out
+
+    def _open_message(self, r: WireResponse) -> list[WireEvent]:
+        r.message_open = True
+        item = self._message_item(r, "in_progress", "")
+        previous = self.items.add(item)
+        part = {"type": "audio", "transcript": ""} if r.audio else {"type": "text", "text": ""}
+        return [
+            *self.item_added(item, previous),
+            {"type": "response.output_item.added", "response_id": r.id, "output_index": len(r.output), "item": item},
+            {"type": "response.content_part.added", "response_id": r.id, "item_id": r.item_id,
+             "output_index": len(r.output), "content_index": 0, "part": part},
+        ]
+
+    def _message_item(self, r: WireResponse, status: str, transcript: str) -> dict:
+        content = ([{"type": "output_audio", "transcript": transcript}] if r.audio
+                   else [{"type": "output_text", "text": transcript}])
+        return {"id": r.item_id, "type": "message", "object": "realtime.item", "role": "assistant",
+                "status": status, "content": content if transcript or status != "in_progress" else []}
+
+    def _wire_for(self, native_id: str) -> list[WireEvent] | WireResponse | None:
+        """The open wire response of a native one; opens response B after a function cycle."""
+        if native_id in self._waiting_calls:
+            return None
+        r = self.active
+        if r is not None and r.native_id == native_id:
+            return r
+        if r is None and self.last is not None and self.last.native_id == native_id:
+            return self._open(native_id)  # post-tool speech: wire response B
+        return None
+
+    def _text(self, e: ev.TextDelta) -> list[WireEvent]:
+        opened = self._wire_for(e.response_id)
+        out: list[WireEvent] = []
+        if isinstance(opened, list):
+            out, opened = opened, self.active
+        r = opened
+        if r is None:
+            return out
+        if r.audio:
+            r.text_pending += e.delta  # paired with the next non-empty audio delta
+            return out
+        r.transcript += e.delta
+        out.append({"type": "response.output_text.delta", "response_id": r.id, "item_id": r.item_id,
+                    "output_index": len(r.output), "content_index": 0, "delta": e.delta})
+        return out
+
+    def _audio(self, e: ev.AudioDelta) -> list[WireEvent]:
+        opened = self._wire_for(e.response_id)
+        out: list[WireEvent] = []
+        if isinstance(opened, list):
+            out, opened = opened, self.active
+        r = opened
+        if r is None or r.encoder is None:
+            return out
+        r.ledger.generated(len(e.pcm) * 1000 // (2 * OUTPUT_SAMPLE_RATE))
+        out += self._audio_chunk(r, r.encoder.feed(e.pcm))
+        return out
+
+    def _audio_chunk(self, r: WireResponse, data: bytes) -> list[WireEvent]:
+        if not data:
+            return []
+        assert r.encoder is not None
+        out: list[WireEvent] = []
+        if not r.speak_sent:
+            r.speak_sent = True
+            if self.tier3:
+                out.append({"type": "response.speak", "response_id": r.id, "item_id": r.item_id, "output_index": 0,
+                            "content_index": 0,
+                            "metadata": {"session_id": self.session_id, "epoch": r.epoch, "model_speak": True}})
+        delta, r.text_pending = r.text_pending, ""
+        r.transcript += delta
+        ms = round(len(data) * 1000 / r.encoder.bytes_per_second)
+        r.ledger.sent(ms, len(r.transcript))
+        addr = {"response_id": r.id, "item_id": r.item_id, "output_index": len(r.output), "content_index": 0}
+        out.append({
+            "type": "response.output_audio.delta", **addr, "delta": pybase64.b64encode(data).decode("ascii"),
+            "format": r.encoder.format, "sample_rate_hz": r.encoder.sample_rate,
+            "metadata": {"session_id": self.session_id, "epoch": r.epoch, "model_speak": True, "end_of_turn": False,
+                         "audio_duration_ms": r.ledger.sent_ms,
+                         "audio_text_marks": [{"text_chars": len(r.transcript), "audio_end_ms": r.ledger.sent_ms}],
+                         "playback": r.ledger.snapshot()},
+        })
+        out.append({"type": "response.output_audio_transcript.delta", **addr, "delta": delta})
+        return out
+
+    def _close_message(self, r: WireResponse, status: str) -> list[WireEvent]:
+        """Flush audio, then the done events of the message item (``status`` completed | incomplete)."""
+        out: list[WireEvent] = []
+        if r.encoder is not None:
+            out += self._audio_chunk(r, r.encoder.flush())
+        if r.text_pending:  # text the model spoke after its last audible chunk
+            r.transcript += r.text_pending
+            r.text_pending = ""
+        r.message_open = False
+        addr = {"response_id": r.id, "item_id": r.item_id, "output_index": len(r.output), "content_index": 0}
+        heard = self.history_text(r) if status != "completed" else r.transcript
+        if r.audio:
+            out += [
+                {"type": "response.output_audio.done", **addr},
+                {"type": "response.output_audio_transcript.done", **addr, "transcript": r.transcript},
+                {"type": "response.content_part.done", **addr, "part": {"type": "audio", "transcript": heard}},
+            ]
+        else:
+            out += [
+                {"type": "response.output_text.done", **addr, "text": r.transcript},
+                {"type": "response.content_part.done", **addr, "part": {"type": "text", "text": heard}},
+            ]
+        item = self._message_item(r, status, heard)
+        self.items.add(item)
+        previous = self.items.previous_of(r.item_id)
+        r.output.append(item)
+        out += [
+            {"type": "response.output_item.done", "response_id": r.id, "output_index": len(r.output) - 1,
+             "item": item},
+            {"type": "conversation.item.done", "previous_item_id": previous, "item": item},
+        ]
+        return out
+
+    def _terminal(self, r: WireResponse, status: str, reason: str | None) -> list[WireEvent]:
+        out: list[WireEvent] = []
+        r.status = status
+        if r.message_open:
+            if status == "cancelled":
+                r.ledger.finish(False)
+                out += self._close_message(r, "incomplete")
+            else:
+                r.ledger.finish(status == "completed")
+                out += self._close_message(r, "completed" if status == "completed" else "incomplete")
+        else:
+            r.ledger.finish(status == "completed")
+        r.done = True
+        r.status = status
+        if self.active is r:
+            self.active = None
+        body = self._response_body(r)
+        body["status"] = status
+        body["status_details"] = self._status_details(status, reason)
+        body["output"] = list(r.output)
+        return out + [{"type": "response.done", "response_id": r.id, "response": body},
+                      {"type": "rate_limits.updated", "rate_limits": []}]
+
+    def _status_details(self, status: str, reason: str | None) -> dict | None:
+        if status == "completed":
+            return None
+        if status == "failed":
+            return {"type": "failed", "error": {"type": error_class(reason or "internal_error"),
+                                                "code": reason or "internal_error"}}
+        if self.tier3:
+            return {"type": "cancelled", "reason": reason}
+        return {"type": "cancelled", "reason": _GA_CANCEL_REASON.get(reason or "", "turn_detected")}
+
+    def _response_body(self, r: WireResponse) -> dict:
+        metadata: dict[str, Any]
+        if self.tier3:
+            metadata = {"session_id": self.session_id, "epoch": r.epoch, "playback": r.ledger.snapshot(),
+                        "committed": r.ledger.committed_ms >= r.ledger.sent_ms}
+        else:
+            metadata = {"epoch": str(r.epoch)}  # GA metadata values are strings
+        return {"id": r.id, "object": "realtime.response", "status": "in_progress", "status_details": None,
+                "output": [], "modalities": list(r.modalities), "output_modalities": list(r.modalities),
+                "metadata": metadata}
+
+    def _native_done(self, e: ev.ResponseDone) -> list[WireEvent]:
+        self._waiting_calls.discard(e.response_id)
+        r = self.active
+        if r is None or r.native_id != e.response_id:
+            return []  # wire response A already ended at its function call and B never opened
+        out = self._terminal(r, e.status, e.reason)
+        if e.status == "cancelled":
+            self.fence.advance(e.response_id)  # a core-initiated cancel (a new turn) also starts an epoch
+        return out
+
+    def _function_call(self, e: ev.FunctionCallPublished) -> list[WireEvent]:
+        out: list[WireEvent] = []
+        r = self.active
+        if r is None or r.native_id != e.response_id:
+            out += self._open(e.response_id)
+            r = self.active
+        assert r is not None
+        if r.message_open:
+            out += self._close_message(r, "completed")
+        index = len(r.output)
+        item_id = f"item_fc_{e.call_id}"
+        item = {"id": item_id, "type": "function_call", "object": "realtime.item", "status": "in_progress",
+                "name": e.name, "call_id": e.call_id, "arguments": ""}
+        previous = self.items.add(dict(item))
+        done_item = {**item, "status": "completed", "arguments": e.arguments}
+        self.items.add(done_item)
+        addr = {"response_id": r.id, "item_id": item_id, "output_index": index, "call_id": e.call_id}
+        out += [
+            {"type": "response.output_item.added", "response_id": r.id, "output_index": index, "item": item},
+            *self.item_added(item, previous),
+            {"type": "response.function_call_arguments.delta", **addr, "delta": e.arguments},
+            {"type": "response.function_call_arguments.done", **addr, "arguments": e.arguments, "name": e.name},
+            {"type": "response.output_item.done", "response_id": r.id, "output_index": index, "item": done_item},
+            {"type": "conversation.item.done", "previous_item_id": previous, "item": done_item},
+        ]
+        r.output.append(done_item)
+        r.message_open = False
+        self._waiting_calls.add(e.response_id)
+        out += self._terminal(r, "completed", None)
+        return out
+
+    # ================================================================ wire-initiated decisions
+
+    def cancel(self, reason: str, *, clear: bool = False) -> tuple[list[WireEvent], str | None]:
+        """End the open wire response as cancelled now and fence its native response.
+
+        Returns the events and the native response id the core must cancel (None when nothing was open).
+        """
+        r = self.active
+        if r is None:
+            return [], None
+        out: list[WireEvent] = []
+        if clear:
+            out.append({"type": "output_audio_buffer.cleared", "response_id": r.id})
+        if r.encoder is not None:
+            r.encoder.clear()  # unsent audio of a cancelled response is dropped, not flushed
+        out += self._terminal(r, "cancelled", reason)
+        self.fence.advance(r.native_id)
+        self._waiting_calls.discard(r.native_id)
+        return out, r.native_id
+
+    def listen(self, reason: str, *, model_listen: bool = False) -> WireEvent:
+        return {"type": "response.listen", "session_id": self.session_id, "epoch": self.epoch,
+                "response": {"object": "realtime.response", "status": "listening",
+                             "metadata": {"type": "listen", "session_id": self.session_id, "epoch": self.epoch,
+                                          "reason": reason, "model_listen": model_listen}}}
+
+    def _overlap(self, action: str, reason: str) -> WireEvent:
+        return {"type": "overlap.decision", "session_id": self.session_id, "epoch": self.epoch,
+                "policy": "listen_only", "action": action, "reason": reason, "metadata": {}}
+
+    # ================================================================ history and playback
+
+    def history_text(self, r: WireResponse) -> str:
+        """What history keeps of ``r``: all of it when committed in full, else the prefix heard by committed_ms."""
+        ledger = r.ledger
+        if ledger.committed_ms >= ledger.sent_ms and ledger.hard_cap is None and r.status != "cancelled":
+            return r.transcript
+        return r.transcript[: ledger.text_chars_at(ledger.committed_ms)]
+
+    def refresh_history(self, r: WireResponse) -> None:
+        """Re-cut the stored assistant item after an ack or a truncation."""
+        if r.done and r.item_id in self.items:
+            stored = self.items.get(r.item_id)
+            if stored is not None and stored.get("type") == "message":
+                key = "transcript" if r.audio else "text"
+                part_type = "output_audio" if r.audio else "output_text"
+                self.items.update(r.item_id, content=[{"type": part_type, key: self.history_text(r)}])
+
+    def response_for_item(self, item_id: str) -> WireResponse | None:
+        if item_id.startswith("item_resp_"):
+            return self.responses.get(item_id[len("item_"):])
+        return None
