@@ -29,7 +29,7 @@ from ..wire.tiered import parser as tiered_parser
 from ..wire.tiered.connection import Detached, Outbound, TieredOptions, TieredSession
 from ..wire.tiered.projector import error_event
 from ..wire.tiered.routing import UnknownRoute, duplex_off_answer_text, select_route
-from ..wire.tiered.schema import CLOSE_TRY_AGAIN_LATER, HANDSHAKE_TIMEOUT_S
+from ..wire.tiered.schema import CLOSE_TRY_AGAIN_LATER
 from ..wire.transport import CloseTransport
 from ..wire.v3 import PROTOCOL, V3Options, V3Session
 from ..wire.v3.schema import CLOSE_BUSY
@@ -234,9 +234,9 @@ class VoicechatServer:
         first: str | bytes | None = None
         if not route.autostart:
             try:
-                message = await asyncio.wait_for(websocket.receive(), HANDSHAKE_TIMEOUT_S)
+                message = await asyncio.wait_for(websocket.receive(), self.config.handshake_timeout_s)
             except TimeoutError:
-                await self._answer(websocket, _dumps(self._error("config_timeout", "no first message within 10 s")), 1000)
+                await self._answer(websocket, _dumps(self._error("config_timeout", "no first message in time")), 1000)
                 return
             if message["type"] == "websocket.disconnect":
                 return

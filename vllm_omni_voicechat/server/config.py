@@ -29,6 +29,8 @@ class ServerConfig:
     tiered-openai."""
     disconnect_grace_s: float = 30.0
     """How long a detached tiered session waits for ``session.resume``."""
+    handshake_timeout_s: float = 10.0
+    """How long a tiered socket without autostart may wait before its first message (then config_timeout)."""
     journal_max_bytes: int = 8 << 20
     journal_ttl_s: float = 60.0
 
