@@ -128,6 +128,7 @@ class TieredSession:
         self._config_acks: list[bool] = []  # per Configure sent: whether a client update waits for session.updated
         self._close_reason = "client_close"
         self._heard_ms = 0
+        self._autostart_prefill = False
 
     def _new_projector(self) -> TieredProjector:
         s = self.settings
@@ -161,8 +162,8 @@ class TieredSession:
         self.last_activity = now
         if not self.options.autostart:
             return []
-        out: list[TieredOutput] = [self._session_created()]
-        return out + self._configure(self.settings.prompt, None, now, ack=False)
+        self._autostart_prefill = True  # issued by the first poll: effects belong to the shell that runs them
+        return [self._session_created()]
 
     def receive(self, message: Any, now: float) -> list[TieredOutput]:
         if self.closed:
@@ -183,12 +184,17 @@ class TieredSession:
         expiry = self._lease_expiry(now)
         if expiry is not None:
             return Tick(self._expire(expiry, now))
+        early: list[TieredOutput] = []
+        if self._autostart_prefill:
+            self._autostart_prefill = False
+            if self._requested_prompt is None:
+                early = self._configure(self.settings.prompt, None, now, ack=False)
         tick = self.core.poll(now)
         wake = tick.wake_at
         deadline = self._lease_deadline()
         if deadline is not None and tick.position is None:
             wake = deadline if wake is None else min(wake, deadline)
-        return Tick(self._project(tick.outputs, now), tick.position, wake)
+        return Tick(early + self._project(tick.outputs, now), tick.position, wake)
 
     def complete(self, position: Position, result: StepResult, now: float) -> list[TieredOutput]:
         if position.transport_frame is not None:  # speech events are stamped with the audio the model has heard

@@ -404,7 +404,11 @@ def _apply(
     elif not isinstance(model, str):
         raise _invalid("model must be a string", "model")
     elif current.model is not None and model != current.model:
-        raise _Fail("model_update_unsupported", f"the session model is {current.model!r}; it cannot change", "model")
+        if current.lane == "openai":
+            # Stock SDKs send their own default model name (openai-agents: gpt-realtime-*); this server has one.
+            model = current.model
+        else:
+            raise _Fail("model_update_unsupported", f"the session model is {current.model!r}; it cannot change", "model")
 
     instructions = current.instructions
     if "instructions" in update:
