@@ -432,6 +432,15 @@ class SessionCore:
         return self._drain()
 
     @property
+    def microphone_turn_open(self) -> bool:
+        return self._input_turn is not None and self._input_turn.source == "microphone"
+
+    @property
+    def last_turn_outcome(self) -> str | None:
+        """How the last model-owned turn ended: ``eou``, ``listen``, ``cleared`` (None before any)."""
+        return self._last_turn_outcome
+
+    @property
     def input_active(self) -> bool:
         """A client turn is open or a typed job is active (settings are locked while either holds)."""
         return self._turn_or_job_active()

@@ -359,8 +359,8 @@ class TieredSession:
         return self._project(self.core.receive(command, now), now)
 
     def _commit(self, e: p.InputAudioBufferCommit, now: float) -> list[TieredOutput]:
-        if not self._uncommitted and self.core._input_turn is None:
-            if self.core._last_turn_outcome == "eou":
+        if not self._uncommitted and not self.core.microphone_turn_open:
+            if self.core.last_turn_outcome == "eou":
                 return []  # the model-owned EOU already took this audio
             return [self._error("input_audio_buffer_empty", "no audio to commit", e.event_id, None, now)]
         self._uncommitted = 0
