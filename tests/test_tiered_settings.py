@@ -517,8 +517,13 @@ def test_server_vad_conflicts_with_a_later_listen_only() -> None:
 
 
 def test_model_update_unsupported() -> None:
-    s = default_settings("openai", model="a")
+    s = default_settings("full", model="a")
     err(s, {"model": "b"}, "model_update_unsupported", "model")
+
+
+def test_openai_lane_keeps_the_served_model_when_an_sdk_names_its_own() -> None:
+    s = default_settings("openai", model="sim")
+    assert ok(s, {"model": "gpt-realtime-2.1", "instructions": "Hi."}).model == "sim"
 
 
 def test_prompt_lock_codes() -> None:
