@@ -141,6 +141,7 @@ class TieredSession:
         proj = self.projector
         proj.output_format, proj.output_rate = s.output_format, s.output_rate
         proj.modalities, proj.commit_policy = s.output_modalities, s.playback_commit_policy
+        proj.overlap_policy = s.overlap_policy
         if (old.input_format, old.input_rate) != (s.input_format, s.input_rate):
             self._converter = InputConverter(s.input_format, s.input_rate)
         self.core.auto_eou = s.auto_response
@@ -359,6 +360,12 @@ class TieredSession:
         return self._project(self.core.receive(command, now), now)
 
     def _commit(self, e: p.InputAudioBufferCommit, now: float) -> list[TieredOutput]:
+        if e.is_speech is False and not self.core.microphone_turn_open:
+            # The client says the buffer holds no speech: drop it and decide to listen (§2).
+            self._uncommitted = 0
+            self._converter.clear()
+            out = self._project(self.core.receive(ClearInput(e.event_id), now), now)
+            return out + self._emit([self.projector.listen("silence_or_noise")], now)
         if not self._uncommitted and not self.core.microphone_turn_open:
             if self.core.last_turn_outcome == "eou":
                 return []  # the model-owned EOU already took this audio
@@ -524,7 +531,7 @@ class TieredSession:
             target = proj.responses.get(rid)
         if target is None:
             return [self._error("playback_item_not_found", f"no response {rid!r}", e.event_id, "response_id", now)]
-        stale = target.status == "cancelled" or target.epoch != proj.epoch and target.done
+        stale = target.status == "cancelled" or target.superseded or (target.done and target.epoch != proj.epoch)
         before = proj.history_text(target)
         if not stale:
             target.ledger.ack(e.played_ms, e.committed_ms, truncate=bool(e.truncate))
@@ -618,7 +625,13 @@ class TieredSession:
                 self._audio_out = True
                 self.last_activity = now
             self.projector.input_ms = self._heard_ms
+            barge_in = (isinstance(o, ev.SpeechStarted) and o.source == "microphone"
+                        and self.projector.active is not None and self.settings.overlap_policy == "barge_in_on_speech")
             events = self.projector.project(o)
+            if barge_in:  # server_vad: speech during a response interrupts it at once (an epoch cancel)
+                wire += self._emit(events, now)
+                wire += self._cancel("barge_in", now)
+                continue
             if isinstance(o, ev.SessionClosed):
                 reason = self._close_reason if o.reason == "client_stop" else o.reason
                 events.append({"type": "session.closed", "session_id": self.session_id,

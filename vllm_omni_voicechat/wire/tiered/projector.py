@@ -58,6 +58,8 @@ class WireResponse:
     speak_sent: bool = False
     done: bool = False
     status: str = "in_progress"
+    superseded: bool = False
+    """A later user turn was committed after it ended: playback acks for it change nothing."""
 
     @property
     def item_id(self) -> str:
@@ -85,6 +87,7 @@ class TieredProjector:
         self.output_rate = output_rate
         self.modalities = modalities
         self.commit_policy = commit_policy
+        self.overlap_policy = "listen_only"
         self.fence = EpochFence()
         self.items = ItemStore()
         self.responses: dict[str, WireResponse] = {}
@@ -112,7 +115,10 @@ class TieredProjector:
                 out = [{"type": "input_audio_buffer.speech_started", "audio_start_ms": self.input_ms,
                         "item_id": self._user_item(e.turn_id)}]
                 if self.active is not None and self.tier3:
-                    out.append(self._overlap("listen", "model_owned_overlap"))
+                    if self.overlap_policy == "barge_in_on_speech":
+                        out.append(self._overlap("barge_in", "speech_during_response"))
+                    else:
+                        out.append(self._overlap("listen", "model_owned_overlap"))
                 return out
             case ev.TranscriptDelta(source="microphone"):
                 return [{"type": "conversation.item.input_audio_transcription.delta",
@@ -165,6 +171,8 @@ class TieredProjector:
 
     def _user_audio_committed(self, e: ev.TranscriptCompleted) -> list[WireEvent]:
         item_id = self._user_item(e.turn_id)
+        for r in self.responses.values():
+            r.superseded = r.superseded or r.done
         item = {"id": item_id, "type": "message", "object": "realtime.item", "role": "user", "status": "completed",
                 "content": [{"type": "input_audio", "transcript": e.transcript}]}
         previous = self.items.add(item)
@@ -324,15 +332,9 @@ class TieredProjector:
     def _terminal(self, r: WireResponse, status: str, reason: str | None) -> list[WireEvent]:
         out: list[WireEvent] = []
         r.status = status
-        if r.message_open:
-            if status == "cancelled":
-                r.ledger.finish(False)
-                out += self._close_message(r, "incomplete")
-            else:
-                r.ledger.finish(status == "completed")
-                out += self._close_message(r, "completed" if status == "completed" else "incomplete")
-        else:
-            r.ledger.finish(status == "completed")
+        if r.message_open:  # flushes the resampler: sent_ms is final only after it
+            out += self._close_message(r, "completed" if status == "completed" else "incomplete")
+        r.ledger.finish(status == "completed")
         r.done = True
         r.status = status
         if self.active is r:
@@ -434,7 +436,7 @@ class TieredProjector:
 
     def _overlap(self, action: str, reason: str) -> WireEvent:
         return {"type": "overlap.decision", "session_id": self.session_id, "epoch": self.epoch,
-                "policy": "listen_only", "action": action, "reason": reason, "metadata": {}}
+                "policy": self.overlap_policy, "action": action, "reason": reason, "metadata": {}}
 
     # ================================================================ history and playback
 
