@@ -73,11 +73,12 @@ class _Attachment:
         if self.socket is not ws:
             return  # a superseded socket going away changes nothing
         self.socket = None
-        if self.shell is None:
-            return
         if self.protocol.resumable:
-            self.shell.submit(Detached())  # type: ignore[arg-type]
-        else:
+            # Set at once, on the loop: a resume arriving before the shell's next turn sees the session detached.
+            self.protocol.detach(time.monotonic())
+            if self.shell is not None:
+                self.shell.submit(Detached(self.protocol.credential.generation))  # type: ignore[arg-type]
+        elif self.shell is not None:
             self.shell.disconnect()
 
 
@@ -245,6 +246,10 @@ class VoicechatServer:
             if isinstance(parsed, tiered_parser.SessionResume):
                 await self._resume(websocket, parsed)
                 return
+            if isinstance(parsed, tiered_parser.ParseError) and parsed.code == "invalid_session_resume":
+                err = self._error(parsed.code, parsed.message, event_id=parsed.event_id, param=parsed.param)
+                await self._answer(websocket, _dumps(err), 1000)
+                return
         if not self.admission.try_acquire():
             limit = self.admission.capacity
             err = self._error("resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}", retryable=True)
@@ -377,8 +382,9 @@ class VoicechatServer:
             except Exception:
                 att.protocol.rollback_resume()
                 att.socket = None
+                att.protocol.detach(time.monotonic())
                 if att.shell is not None:
-                    att.shell.submit(Detached())  # type: ignore[arg-type]
+                    att.shell.submit(Detached(att.protocol.credential.generation))  # type: ignore[arg-type]
                 return
             last = [o.seq for o in outcome.outputs if o.seq is not None]
             att.sent_through = max([att.sent_through, *last])

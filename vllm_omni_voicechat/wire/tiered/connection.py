@@ -57,7 +57,10 @@ class Outbound:
 
 @dataclass(frozen=True, slots=True)
 class Detached:
-    """The transport went away; the session stays alive for the grace period (fed through the shell's inbox)."""
+    """The transport of attachment ``generation`` went away (None: the current one); fed through the shell so the
+    grace deadline is scheduled. Stale once a resume moved the generation on."""
+
+    generation: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +119,7 @@ class TieredSession:
         self._close_code: int | None = None
         self.detached_at: float | None = None
         self.last_activity = 0.0
-        self._pending_input: list[AppendAudio] = []
+        self._pending_input: list[Any] = []
         self._pending_bytes = 0
         self._uncommitted = 0
         self._staged_text: tuple[str, str] | None = None  # (item_id, text) waiting for response.create
@@ -170,16 +173,20 @@ class TieredSession:
         if self.closed:
             return []
         if isinstance(message, Detached):
-            self.detached_at = now
+            if message.generation in (None, self.credential.generation):
+                self.detach(now)
             return []
         self.last_activity = now
         parsed = p.parse(message)
+        out: list[TieredOutput] = []
+        if self._requested_prompt is None and not isinstance(parsed, p.SessionUpdate):
+            # Any first event but session.update opens a default session, then runs (§1.1); as with autostart,
+            # session.created goes first and the default prompt prefills behind it.
+            out = [] if self._created else [self._session_created()]
+            out += self._configure(self.settings.prompt, None, now, ack=False)
         if isinstance(parsed, p.ParseError):
-            return [self._error(parsed.code, parsed.message, parsed.event_id, parsed.param, now)]
-        handler = _HANDLERS.get(type(parsed))
-        if handler is None:  # pragma: no cover - every parsed class has a handler
-            return [self._error("unknown_event", f"unsupported event {parsed.type}", parsed.event_id, None, now)]
-        return handler(self, parsed, now)
+            return out + [self._error(parsed.code, parsed.message, parsed.event_id, parsed.param, now)]
+        return out + _HANDLERS[type(parsed)](self, parsed, now)
 
     def poll(self, now: float) -> Tick:
         expiry = self._lease_expiry(now)
@@ -291,7 +298,9 @@ class TieredSession:
         self.credential.rollback()
 
     def detach(self, now: float) -> None:
-        self.detached_at = now
+        """The transport went away: the grace period starts now (the server then wakes the shell)."""
+        if self.detached_at is None:
+            self.detached_at = now
 
     # ================================================================ client events
 
@@ -393,7 +402,14 @@ class TieredSession:
     def _text_append(self, e: p.InputTextAppend, now: float) -> list[TieredOutput]:
         self._typed_seq += 1
         job_id = e.event_id if isinstance(e.event_id, str) and e.event_id else f"text_{self._typed_seq}"
-        return self._project(self.core.receive(RequestTypedInput(job_id, e.text, e.event_id), now), now)
+        return self._submit(RequestTypedInput(job_id, e.text, e.event_id), now)
+
+    def _submit(self, command: Any, now: float) -> list[TieredOutput]:
+        """Input before the first prefill finished waits for it (OpenAI clients do not wait for readiness)."""
+        if not self.core.configured:
+            self._pending_input.append(command)
+            return []
+        return self._project(self.core.receive(command, now), now)
 
     def _item_create(self, e: p.ConversationItemCreate, now: float) -> list[TieredOutput]:
         item = e.item
@@ -466,7 +482,7 @@ class TieredSession:
         if self._staged_text is not None:
             item_id, text = self._staged_text
             self._staged_text = None
-            return self._project(self.core.receive(RequestTypedInput(item_id, text, e.event_id), now), now)
+            return self._submit(RequestTypedInput(item_id, text, e.event_id), now)
         if self.projector.pending_create or self.core.cycle is not None:
             return []  # answered by the post-tool response B
         if self.projector.active is not None:
@@ -486,6 +502,8 @@ class TieredSession:
         if self.projector.active is not None:
             return self._cancel("output_audio_buffer_clear", now, clear=True)
         last = self.projector.last
+        if last is None and not self.tier3:
+            return []  # nothing was ever played; GA's cleared event needs a response id
         out: WireEvent = {"type": "output_audio_buffer.cleared", "response_id": last.id if last else None}
         if last is not None and last.ledger.unplayed:
             last.ledger.truncate(last.ledger.committed_ms)
