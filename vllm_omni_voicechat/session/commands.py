@@ -78,6 +78,15 @@ class CommitInput(Command):
 
     client_event_id: str | None = None
     wire_bytes: int = 0
+    respond: bool = True
+    """False: settle and close the turn but hold its EOU for ``RespondNow`` (``auto_response: false``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RespondNow(Command):
+    """Fire the EOU held by a ``CommitInput(respond=False)``: the model answers the committed turn."""
+
+    client_event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from .commands import (
     CommitTurn,
     Configure,
     RequestTypedInput,
+    RespondNow,
     StartTurn,
     Stop,
     SubmitFunctionOutput,
@@ -239,7 +240,8 @@ class SessionCore:
         self.auto_eou = True
         """Model-owned EOU on the blank fence; off, only a ``CommitInput`` ends a turn."""
         self.eou_blank_frames = config.model_eou_blank_frames or config.settlement_blank_frames
-        self._last_turn_outcome: str | None = None  # eou | listen | cleared
+        self._last_turn_outcome: str | None = None  # eou | listen | cleared | held
+        self._held_eou: _InputTurn | None = None  # a committed turn whose EOU waits for RespondNow
 
     # ================================================================ public API
 
@@ -299,6 +301,8 @@ class SessionCore:
                 self._on_clear_input(command)
             case CancelResponse():
                 self._on_cancel_response(command)
+            case RespondNow():
+                self._queue.append(_Item("respond", command))
             case _:
                 raise TypeError(f"unknown command {command!r}")
 
@@ -434,6 +438,10 @@ class SessionCore:
     @property
     def microphone_turn_open(self) -> bool:
         return self._input_turn is not None and self._input_turn.source == "microphone"
+
+    @property
+    def eou_held(self) -> bool:
+        return self._held_eou is not None
 
     @property
     def last_turn_outcome(self) -> str | None:
@@ -647,6 +655,8 @@ class SessionCore:
                     return self._commit_input_proc(item.payload)
                 case "cancel":
                     return self._cancel_proc(item.payload)
+                case "respond":
+                    return self._respond_proc()
                 case "reack":
                     self._emit(item.payload)
                 case "start":
@@ -732,7 +742,22 @@ class SessionCore:
         if not turn.transcript:
             self._listen(turn, "silence_or_noise", cmd.client_event_id)
             return
+        if not cmd.respond:
+            self._close_input_turn()
+            self._held_eou = turn
+            self._last_turn_outcome = "held"
+            return
         yield from self._settle_and_eou(None)
+
+    def _respond_proc(self) -> Procedure:
+        turn, self._held_eou = self._held_eou, None
+        if turn is None:
+            return
+        if self._must_cancel():
+            yield from self._cancel_tail("new_response")
+            if self.closed:
+                return
+        yield from self._eou_position(turn)
 
     def _cancel_proc(self, cmd: CancelResponse) -> Procedure:
         if self.cycle is None and self._must_cancel():  # a published call's wait is ended by its output
@@ -871,6 +896,10 @@ class SessionCore:
         if ack is not None:
             self._emit(ack)
         self._close_input_turn()
+        yield from self._eou_position(turn)
+
+    def _eou_position(self, turn: _InputTurn) -> Procedure:
+        """One explicit EOU position: agent BOS, or a function cycle whose BOS is deferred."""
         result = yield _Plan(PositionKind.EOU, SILENT_INPUT_FRAME, PositionControls(eou_now=True))
         self._eou_turn_id = turn.turn_id
         self._last_turn_outcome = "eou"

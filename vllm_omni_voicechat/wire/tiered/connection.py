@@ -23,6 +23,7 @@ from ...session.commands import (
     CommitInput,
     Configure,
     RequestTypedInput,
+    RespondNow,
     Stop,
     SubmitFunctionOutput,
 )
@@ -132,6 +133,7 @@ class TieredSession:
         self._close_reason = "client_close"
         self._heard_ms = 0
         self._autostart_prefill = False
+        self._awaiting_create = False
 
     def _new_projector(self) -> TieredProjector:
         s = self.settings
@@ -384,7 +386,9 @@ class TieredSession:
         tail = self._converter.flush()
         if tail:
             out += self._project(self.core.receive(AppendAudio(tail, e.event_id), now), now)
-        out += self._project(self.core.receive(CommitInput(e.event_id), now), now)
+        respond = self.settings.auto_response
+        self._awaiting_create = not respond  # auto_response:false: response.create fires the held EOU
+        out += self._project(self.core.receive(CommitInput(e.event_id, respond=respond), now), now)
         return out
 
     def _clear(self, e: p.InputAudioBufferClear, now: float) -> list[TieredOutput]:
@@ -483,6 +487,9 @@ class TieredSession:
             item_id, text = self._staged_text
             self._staged_text = None
             return self._submit(RequestTypedInput(item_id, text, e.event_id), now)
+        if self._awaiting_create:
+            self._awaiting_create = False
+            return self._project(self.core.receive(RespondNow(e.event_id), now), now)
         if self.projector.pending_create or self.core.cycle is not None:
             return []  # answered by the post-tool response B
         if self.projector.active is not None:
