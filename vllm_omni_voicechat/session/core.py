@@ -240,7 +240,7 @@ class SessionCore:
         self.auto_eou = True
         """Model-owned EOU on the blank fence; off, only a ``CommitInput`` ends a turn."""
         self.eou_blank_frames = config.model_eou_blank_frames or config.settlement_blank_frames
-        self._last_turn_outcome: str | None = None  # eou | listen | cleared | held
+        self._last_turn_outcome: str | None = None  # eou | committed | listen | cleared | held
         self._held_eou: _InputTurn | None = None  # a committed turn whose EOU waits for RespondNow
 
     # ================================================================ public API
@@ -445,7 +445,8 @@ class SessionCore:
 
     @property
     def last_turn_outcome(self) -> str | None:
-        """How the last model-owned turn ended: ``eou``, ``listen``, ``cleared`` (None before any)."""
+        """How the last model-owned turn ended: ``eou`` (the model's own), ``committed`` (a client commit forced
+        the EOU), ``listen``, ``cleared`` or ``held`` (None before any)."""
         return self._last_turn_outcome
 
     @property
@@ -748,6 +749,8 @@ class SessionCore:
             self._last_turn_outcome = "held"
             return
         yield from self._settle_and_eou(None)
+        if self._last_turn_outcome == "eou":
+            self._last_turn_outcome = "committed"  # a second commit of nothing is the client's mistake
 
     def _respond_proc(self) -> Procedure:
         turn, self._held_eou = self._held_eou, None

@@ -75,9 +75,8 @@ class PlaybackLedger:
 
     def truncate(self, audio_end_ms: Any) -> int:
         """``conversation.item.truncate``: a truncating ack; returns the clamped end actually applied."""
-        end = self.clamp(audio_end_ms)
-        self.ack(self.played_ms, end, truncate=True)
-        return end
+        self.ack(self.played_ms, self.clamp(audio_end_ms), truncate=True)
+        return self.committed_ms  # an earlier, shorter truncation still holds
 
     def _capped(self, value: int) -> int:
         return value if self.hard_cap is None else min(value, self.hard_cap)
