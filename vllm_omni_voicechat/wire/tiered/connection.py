@@ -567,10 +567,9 @@ class TieredSession:
                  "response_id": target.id, "item_id": target.item_id, "played_ms": target.ledger.played_ms,
                  "committed_ms": target.ledger.committed_ms, "truncate": bool(e.truncate),
                  "playback": target.ledger.snapshot(),
-                 "history_committed": not stale and proj.history_text(target) != before or target.done and not stale}
+                 "history_committed": not stale and (target.done or proj.history_text(target) != before)}
         if stale:
             event["stale"] = True
-            event["history_committed"] = False
         return self._emit([{"type": "playback.acknowledged", "event": event}], now)
 
     # ================================================================ cancel (epoch fencing, §4)
