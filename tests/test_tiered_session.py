@@ -1002,3 +1002,33 @@ def test_a_second_commit_after_a_client_commit_is_input_audio_buffer_empty():
     assert [(e["type"], e["error"]["code"], e["error"]["event_id"]) for e in again] == [
         ("error", "input_audio_buffer_empty", "c2")
     ]
+
+
+# Tier 2 events carry the seed's additive extras in the full lane (dict metadata, nested echoes); Tier 1 events
+# have exactly the GA shape in both lanes.
+_TIER2 = {"session.created", "session.updated", "response.created", "response.done", "response.output_audio.delta",
+          "input_audio_buffer.committed", "conversation.item.added", "conversation.item.created",
+          "conversation.item.done", "conversation.item.retrieved", "conversation.item.truncated", "error"}
+
+
+def test_the_full_lane_tier1_events_validate_with_the_openai_types(tiered):
+    from .compat import is_ga_event_type
+
+    d = tiered({"tools": [TOOL]})
+    speak(d)
+    d.run()
+    mid_response(d, "Again")
+    d.send({"type": "response.cancel"})
+    d.run()
+    speak(d, WEATHER_CALL)
+    call = one(run_until(d, "rate_limits.updated"), "response.function_call_arguments.done")
+    d.send({"type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}})
+    d.send({"type": "response.create"})
+    d.run()
+    tier1 = [e for e in d.events if is_ga_event_type(e["type"]) and e["type"] not in _TIER2]
+    assert {e["type"] for e in tier1} >= {"input_audio_buffer.speech_started", "response.output_item.added",
+                                           "response.output_audio_transcript.delta", "rate_limits.updated",
+                                           "response.function_call_arguments.done"}
+    for event in tier1:
+        validate_openai_server_event(event)
