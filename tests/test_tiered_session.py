@@ -1032,3 +1032,29 @@ def test_the_full_lane_tier1_events_validate_with_the_openai_types(tiered):
                                            "response.function_call_arguments.done"}
     for event in tier1:
         validate_openai_server_event(event)
+
+
+def test_a_text_only_session_gets_output_text_events_and_a_text_part(tiered):
+    d = tiered({"output_modalities": ["text"]})
+    speak(d)
+    turn = d.run()
+    assert not of_type(turn, AUDIO) and not of_type(turn, "response.speak")
+    deltas = of_type(turn, "response.output_text.delta")
+    assert "".join(e["delta"] for e in deltas) == one(turn, "response.output_text.done")["text"] == "You said: Hello."
+    assert one(turn, "response.content_part.added")["part"] == {"type": "text", "text": ""}
+    assert one(turn, "response.content_part.done")["part"] == {"type": "text", "text": "You said: Hello."}
+    item = one(turn, "response.output_item.done")["item"]
+    assert item["content"] == [{"type": "output_text", "text": "You said: Hello."}]
+
+
+def test_g711_output_is_encoded_at_8_khz(tiered):
+    from vllm_omni_voicechat.wire.tiered.audio import ulaw_decode
+
+    d = tiered({"output_audio_format": "g711_ulaw"})
+    speak(d)
+    turn = d.run()
+    deltas = of_type(turn, AUDIO)
+    assert {(e["format"], e["sample_rate_hz"]) for e in deltas} == {("g711_ulaw", 8_000)}
+    pcm = ulaw_decode(output_pcm(turn))
+    ledger = one(turn, "response.done")["response"]["metadata"]["playback"]
+    assert abs(len(pcm) / 8 - ledger["sent_ms"]) <= 1  # one byte per sample; sent_ms counts what went out

@@ -56,6 +56,7 @@ class WireResponse:
     transcript: str = ""
     text_pending: str = ""
     speak_sent: bool = False
+    sent_bytes: int = 0
     done: bool = False
     status: str = "in_progress"
     superseded: bool = False
@@ -282,7 +283,8 @@ class TieredProjector:
                             "metadata": {"session_id": self.session_id, "epoch": r.epoch, "model_speak": True}})
         delta, r.text_pending = r.text_pending, ""
         r.transcript += delta
-        ms = round(len(data) * 1000 / r.encoder.bytes_per_second)
+        r.sent_bytes += len(data)
+        ms = round(r.sent_bytes * 1000 / r.encoder.bytes_per_second) - r.ledger.sent_ms  # no rounding drift
         r.ledger.sent(ms, len(r.transcript))
         addr = {"response_id": r.id, "item_id": r.item_id, "output_index": len(r.output), "content_index": 0}
         out.append({
