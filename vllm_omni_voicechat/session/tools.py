@@ -1,7 +1,8 @@
 """Tool definitions from a client's configuration: validation and normalization (dialect-neutral).
 
-Accepts OpenAI-style ``{"type": "function", "function": {name, description, parameters}}`` and NVIDIA-style
-``{name, description, parameters}`` entries; at most 32; names match ``^[A-Za-z_][A-Za-z0-9_-]{0,127}$`` and
+Accepts OpenAI-style ``{"type": "function", "function": {name, description, parameters}}``, OpenAI GA
+``{"type": "function", name, description, parameters}`` and NVIDIA-style ``{name, description, parameters}``
+entries; at most 32; names match ``^[A-Za-z_][A-Za-z0-9_-]{0,127}$`` and
 stay unique after mapping ``-`` to ``_``; ``parameters`` is an object (default: an empty object schema).
 """
 
@@ -31,9 +32,9 @@ def normalize_tools(tools: Any) -> tuple[ToolSpec, ...]:
         if not isinstance(entry, dict):
             raise InvalidTools(f"tools[{i}] must be an object")
         body = entry
-        if "function" in entry or entry.get("type") is not None:
-            if entry.get("type") != "function" or not isinstance(entry.get("function"), dict):
-                raise InvalidTools(f'tools[{i}] must be {{"type": "function", "function": {{...}}}} or {{name, ...}}')
+        if entry.get("type", "function") != "function" or ("function" in entry and not isinstance(entry["function"], dict)):
+            raise InvalidTools(f'tools[{i}] must be {{"type": "function", "function": {{...}}}} or {{name, ...}}')
+        if "function" in entry:
             body = entry["function"]
         name = body.get("name")
         if not isinstance(name, str) or not TOOL_NAME_RE.fullmatch(name):

@@ -320,14 +320,6 @@ def _tools(update: Mapping[str, Any], current: tuple[ToolSpec, ...]) -> tuple[To
         return current
     if value is None:
         return ()
-    if isinstance(value, list):
-        # GA {type:"function", name, ...} is flat; session/tools.py wants the wrapper or no type
-        value = [
-            {k: v for k, v in t.items() if k != "type"}
-            if isinstance(t, Mapping) and t.get("type") == "function" and "function" not in t
-            else t
-            for t in value
-        ]
     try:
         return normalize_tools(value)
     except InvalidTools as exc:
