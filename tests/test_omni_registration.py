@@ -309,6 +309,9 @@ def cli_runs(checkpoint_dir) -> dict[str, subprocess.CompletedProcess[str]]:
         # DEBUG makes vLLM list the vllm.general_plugins entry points it loads while building the parser.
         "help": ([str(cli), "serve", "--omni", "--help"], {"VLLM_LOGGING_LEVEL": "DEBUG"}),
         "probe": ([sys.executable, "-c", probe], {}),
+        # our wrapper delegates a real checkpoint to `vllm-omni serve ... --omni --deploy-config <packaged>`
+        "wrapper_help": ([str(Path(sys.executable).with_name("vllm-omni-voicechat")), "serve", str(checkpoint_dir),
+                          "--help"], {}),
     }
     procs = {
         name: subprocess.Popen(
@@ -326,6 +329,13 @@ def cli_runs(checkpoint_dir) -> dict[str, subprocess.CompletedProcess[str]]:
             raise
         runs[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
     return runs
+
+
+@requires_omni
+def test_vllm_omni_voicechat_serve_model_help_is_vllm_omni_serve_help(cli_runs):
+    done = cli_runs["wrapper_help"]
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "usage: vllm serve" in done.stdout and "--omni" in done.stdout
 
 
 @requires_omni

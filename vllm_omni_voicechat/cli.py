@@ -1,4 +1,6 @@
-"""``vllm-omni-voicechat``: serve the voicechat protocol on the embedded simulator model."""
+"""``vllm-omni-voicechat``: serve the voicechat protocol on the embedded simulator model (``serve``, or
+``serve sim``), or a real checkpoint through ``vllm-omni serve MODEL --omni`` with our deploy YAML (``serve MODEL
+[vllm-omni serve options]``, in an environment with vLLM-Omni installed)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-omni-voicechat", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the WebSocket server (v3 on /v1/realtime and /v1/voicechat)")
-    serve.add_argument("--model", default="sim", choices=["sim"], help="model home (sim: the CPU simulator)")
+    serve.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                       help="a checkpoint to serve through vllm-omni (default: the CPU simulator)")
+    serve.add_argument("--model", default="sim", help="model home (sim: the CPU simulator)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--max-sessions", type=int, default=4)
@@ -33,7 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "serve" and not argv[1].startswith("-") and argv[1] != "sim":
+        # A real checkpoint: everything after it belongs to `vllm-omni serve`.
+        from .omni.serve import main as serve_omni
+
+        return serve_omni(argv[1], argv[2:])
     args = build_parser().parse_args(argv)
+    if args.model != "sim":
+        from .omni.serve import main as serve_omni
+
+        return serve_omni(args.model, [])
     if args.command == "serve":
         import uvicorn
 
