@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="dialect of a bare /v1/realtime (no duplex/model query, no OpenAI-Beta header)",
     )
     serve.add_argument("--disconnect-grace-s", type=float, default=30.0, help="how long a dropped tiered session waits for session.resume")
+    serve.add_argument("--warmup-positions", type=int, default=0, help="silent positions run before admitting clients")
     serve.add_argument("--log-level", default="info")
     return parser
 
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             default_instructions=args.instructions,
             realtime_default=args.realtime_default,
             disconnect_grace_s=args.disconnect_grace_s,
+            warmup_positions=args.warmup_positions,
         )
         # Protocol-level pings are off: long model steps or slow consumers must never trip a transport timer.
         uvicorn.run(

@@ -35,6 +35,7 @@ from ..wire.v3 import PROTOCOL, V3Options, V3Session
 from ..wire.v3.schema import CLOSE_BUSY
 from .admission import Admission
 from .config import ServerConfig
+from .warmup import WarmupReport, warm_up
 
 log = logging.getLogger("vllm_omni_voicechat.server")
 
@@ -90,6 +91,7 @@ class VoicechatServer:
         self.sessions: dict[str, SessionShell] = {}
         self.cleanup_failure: str | None = None  # set when a session's model abort failed: new sessions refused
         self.tiered: dict[str, _Attachment] = {}  # live and detached tiered sessions, for session.resume
+        self.warmup: WarmupReport | None = None
 
     @property
     def typed_ready(self) -> bool:
@@ -115,6 +117,8 @@ class VoicechatServer:
                 "checkpoint": {"model": self.config.model_kind},
                 "host_runtime": "cpu-simulator" if self.config.model_kind == "simulator" else "vllm-omni",
                 "uptime_seconds": round(time.monotonic() - self.started_at, 3),
+                "warmup": None if self.warmup is None else {"positions": self.warmup.positions,
+                                                             "seconds": self.warmup.seconds},
             }
         )
 
@@ -397,6 +401,11 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if server.config.warmup_positions > 0:  # before uvicorn accepts the first connection
+            server.warmup = await asyncio.get_running_loop().run_in_executor(
+                None, warm_up, server.config.model_factory(), server.config.warmup_positions
+            )
+            log.info("warmup: %d positions in %.3f s", server.warmup.positions, server.warmup.seconds)
         if on_ready is not None:
             on_ready()
         yield

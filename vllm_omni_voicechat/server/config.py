@@ -31,6 +31,10 @@ class ServerConfig:
     """How long a detached tiered session waits for ``session.resume``."""
     handshake_timeout_s: float = 10.0
     """How long a tiered socket without autostart may wait before its first message (then config_timeout)."""
+    warmup_positions: int = 0
+    """Silent positions of a throwaway session run before the server admits clients (0: none). A failing warmup
+    fails the startup: a model home that cannot run positions should not accept sessions. The simulator needs
+    none; real model homes do (first-position compilation and allocation)."""
     journal_max_bytes: int = 8 << 20
     journal_ttl_s: float = 60.0
 
