@@ -3,7 +3,7 @@ import os
 survives); reset via cancel_input -> new epoch / new Stage-0 id / prompt re-sent; events a session produces."""
 import asyncio, collections, sys, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-exec(open("/tmp/research6/exp4_e2e.py").read().split("def factory():")[0])   # reuse plugin, fakes, port
+exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "exp4_e2e.py")).read().split("def factory():")[0])   # reuse plugin, fakes, port
 from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt, PositionControls
 from vllm_omni_voicechat.audio.frames import SILENT_INPUT_FRAME
 
