@@ -1,0 +1,82 @@
+"""The position envelope and Stage-2 audio alignment of the vLLM-Omni adapter (pure parts; no vllm needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES, OUTPUT_FRAME_SAMPLES, SILENT_OUTPUT_FRAME
+from vllm_omni_voicechat.model.port import PositionControls
+from vllm_omni_voicechat.omni.alignment import AudioAligner
+from vllm_omni_voicechat.omni.envelope import (
+    EnvelopeError,
+    check_envelope,
+    encode_controls,
+    f32_to_pcm16,
+    frame_to_f32,
+)
+
+
+def ids(tokens):
+    return [100 + len(t) for t in tokens]
+
+
+def test_controls_encode_every_field_but_reset():
+    c = PositionControls(eou_at_fence=10, agent_eos=True, pre_eou=True, tool_result_tokens=("<", "ok"), reset=True)
+    assert encode_controls(c, position=7, synthetic=True, token_ids=ids) == {
+        "v": 1, "position": 7, "synthetic": True, "eou_now": False, "eou_at_fence": 10, "cancel_eou": False,
+        "agent_eos": True, "force_text_pad": False, "pre_eou": True, "tool_result_token_ids": [101, 102],
+    }
+
+
+def test_an_envelope_for_another_position_is_refused():
+    vc = encode_controls(PositionControls(), position=3, synthetic=False, token_ids=ids)
+    assert check_envelope(vc, 3) is vc
+    with pytest.raises(EnvelopeError, match="expected 4"):
+        check_envelope(vc, 4)
+    with pytest.raises(EnvelopeError, match="not a v1"):
+        check_envelope({"position": 3}, 3)
+
+
+def test_frames_convert_to_f32_and_back_exactly():
+    pcm = np.arange(-640, 640, dtype="<i2").tobytes()
+    f = frame_to_f32(pcm)
+    assert f.dtype == np.float32 and f.shape == (1280,) and f.min() >= -1 and f.max() < 1
+    assert f32_to_pcm16(f * 32768 / 32767) == pcm
+    with pytest.raises(EnvelopeError):
+        frame_to_f32(bytes(INPUT_FRAME_BYTES - 2))
+
+
+def test_f32_to_pcm16_clips_and_cleans():
+    assert np.frombuffer(f32_to_pcm16(np.array([2.0, -2.0, np.nan, np.inf])), "<i2").tolist() == [32767, -32767, 0, 32767]
+
+
+@settings(max_examples=60, deadline=None)
+@given(lag=st.integers(0, 3), sizes=st.lists(st.integers(0, 3 * OUTPUT_FRAME_SAMPLES), max_size=12))
+def test_every_packet_comes_out_once_in_order_after_the_primed_lag(lag, sizes):
+    rng = np.random.default_rng(0)
+    stream = rng.uniform(-0.5, 0.5, sum(sizes)).astype(np.float32)
+    a = AudioAligner(lag)
+    cut = 0
+    for n in sizes:
+        a.feed(stream[cut : cut + n])
+        cut += n
+    packets = []
+    while (p := a.take()) is not None:
+        packets.append(p)
+    whole = len(stream) // OUTPUT_FRAME_SAMPLES
+    assert packets[:lag] == [SILENT_OUTPUT_FRAME] * lag
+    assert packets[lag:] == [f32_to_pcm16(stream[i * OUTPUT_FRAME_SAMPLES : (i + 1) * OUTPUT_FRAME_SAMPLES])
+                             for i in range(whole)]
+    assert a.partial_samples == len(stream) - whole * OUTPUT_FRAME_SAMPLES
+
+
+def test_start_forgets_and_reprimes():
+    a = AudioAligner(1)
+    a.feed(np.ones(OUTPUT_FRAME_SAMPLES + 5, dtype=np.float32) * 0.1)
+    assert a.ready == 2
+    a.start()
+    assert (a.ready, a.partial_samples, a.take()) == (1, 0, SILENT_OUTPUT_FRAME)
+    assert a.take() is None

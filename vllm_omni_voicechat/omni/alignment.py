@@ -1,0 +1,52 @@
+"""Stage-2 audio -> one 80 ms packet per model position, with a fixed lag (docs/omni-integration.md §2.4, D5).
+
+Stage 2 returns float32 audio in outputs of one or more 80 ms packets with no position index, so the port joins
+them to positions by count: packet ``N - lag`` belongs to position ``N``. With ``lag > 0`` the first ``lag``
+positions get primed silence and later packets arrive one or more positions after their tokens (the stages
+overlap). Pure: the port owns waiting and locking.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ..audio.frames import OUTPUT_FRAME_SAMPLES, SILENT_OUTPUT_FRAME
+from .envelope import f32_to_pcm16
+
+
+class AudioAligner:
+    def __init__(self, lag: int = 0) -> None:
+        if lag < 0:
+            raise ValueError("lag must be >= 0")
+        self.lag = lag
+        self._partial = np.empty(0, dtype=np.float32)
+        self._packets: deque[bytes] = deque()
+        self.start()
+
+    def start(self) -> None:
+        """A fresh Stage-0 request: forget everything, prime ``lag`` silent packets."""
+        self._partial = np.empty(0, dtype=np.float32)
+        self._packets = deque([SILENT_OUTPUT_FRAME] * self.lag)
+
+    def feed(self, samples: np.ndarray) -> int:
+        """Add one Stage-2 output (float32 samples at 22,050 Hz); returns how many whole packets it completed."""
+        x = np.concatenate([self._partial, np.asarray(samples, dtype=np.float32).reshape(-1)])
+        whole = len(x) // OUTPUT_FRAME_SAMPLES
+        for i in range(whole):
+            self._packets.append(f32_to_pcm16(x[i * OUTPUT_FRAME_SAMPLES : (i + 1) * OUTPUT_FRAME_SAMPLES]))
+        self._partial = x[whole * OUTPUT_FRAME_SAMPLES :]
+        return whole
+
+    @property
+    def ready(self) -> int:
+        return len(self._packets)
+
+    @property
+    def partial_samples(self) -> int:
+        return len(self._partial)
+
+    def take(self) -> bytes | None:
+        """The next position's packet (PCM16, 1,764 samples), or None while Stage 2 has not produced it."""
+        return self._packets.popleft() if self._packets else None
