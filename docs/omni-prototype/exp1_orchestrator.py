@@ -1,5 +1,5 @@
-import os
 """Real DuplexOrchestrator + DuplexSessionManager + DuplexOmniEngine control surface over fake stage engines."""
+import os
 import asyncio, sys, threading, time, queue
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 t0 = time.time()

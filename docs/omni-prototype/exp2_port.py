@@ -1,6 +1,6 @@
-import os
 """Prototype: our ModelPort over DuplexOmni sessions + a plugin-side Stage-0 bus (controls in model_fields,
 outputs tapped in decide_output (stage 0) and data_plane.project (stage 2)). Sync step() from an executor thread."""
+import os
 import asyncio, collections, concurrent.futures, queue, sys, threading, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 t0 = time.time()

@@ -1,5 +1,5 @@
-import os
 """How our routes can be mounted in the app `vllm-omni serve` builds (api_server.omni_run_server_worker order)."""
+import os
 import sys, time, json, asyncio, contextlib
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 t0 = time.time()

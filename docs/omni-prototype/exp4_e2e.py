@@ -1,7 +1,7 @@
-import os
 """E2E feasibility: our server (v3 + tiered) -> OmniStage0Port (ModelPort) -> DuplexOmni session -> real
 DuplexSessionManager/runner/DuplexOrchestrator -> fake stage engines whose Stage-0 is scripted by our
 SimulatorModel (controls read from the append envelope), Stage-2 emits the simulator's audio later."""
+import os
 import asyncio, base64, collections, dataclasses, json, queue, sys, threading, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 t0 = time.time()

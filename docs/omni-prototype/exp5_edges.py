@@ -1,6 +1,6 @@
-import os
 """Edges: omni silence continuation while our session idles; plan_append failure -> ErrorEvent (orchestrator
 survives); reset via cancel_input -> new epoch / new Stage-0 id / prompt re-sent; events a session produces."""
+import os
 import asyncio, collections, sys, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "exp4_e2e.py")).read().split("def factory():")[0])   # reuse plugin, fakes, port

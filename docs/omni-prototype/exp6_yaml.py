@@ -1,3 +1,4 @@
+import os
 import sys, time; sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from vllm_omni_voicechat.omni.register import register; register()
 from vllm_omni.config.stage_config import load_deploy_config, resolve_deploy_yaml

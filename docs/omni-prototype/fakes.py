@@ -1,4 +1,3 @@
-import os
 """Fake stage engines for DuplexOrchestrator on CPU (research for issue 6)."""
 from __future__ import annotations
 import asyncio, threading, time

@@ -1,6 +1,6 @@
-import os
 """Fake engine: real DuplexOrchestrator on its own thread + real DuplexOmniEngine/DuplexOmni control surfaces
 (built without __init__), fake stage clients. Scripted Stage-0 tokens per seq; Stage-2 audio after a delay."""
+import os
 import asyncio, sys, threading, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import numpy as np, janus

@@ -1,4 +1,3 @@
-import os
 seen = []
 class Probe:
     """A pure-ASGI class passed with --middleware (vllm: app.add_middleware(cls))."""
