@@ -1,0 +1,194 @@
+"""vLLM-Omni 0.30.0's real duplex engine stack on CPU over fake stage engines (tests only; needs vllm_omni).
+
+The real ``DuplexOrchestrator`` (with its ``DuplexSessionManager``, session runners and our plugin) runs on its own
+thread and event loop, over real ``StagePool``s whose stage clients are fakes: Stage 0 answers every append with a
+scripted token, Stage 2 answers with an 80 ms audio packet a little later. ``DuplexOmniEngine`` / ``DuplexOmni``
+are built around it without their constructors (those start real stage processes). Building this fixture is
+itself the pin on the private shapes it relies on (docs/omni-integration.md §3, §5): the ``OrchestratorBase``
+and ``StagePool`` constructors, the stage-client protocol, the output-processor methods, the engine-core output
+attributes and the ``DuplexOmniEngine``/``DuplexOmni`` attribute names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import janus
+import numpy as np
+from vllm.sampling_params import SamplingParams
+from vllm_omni.config.stage_config import DuplexSessionRuntimeConfig
+from vllm_omni.engine.duplex_omni_engine import DuplexOmniEngine
+from vllm_omni.engine.duplex_orchestrator import DuplexOrchestrator
+from vllm_omni.engine.rpc_result_router import CorrelatedRpcClient
+from vllm_omni.engine.stage_pool import StagePool
+from vllm_omni.entrypoints.duplex_omni import DuplexOmni
+
+PAD, BOS, EOS = 12, 1, 2
+SPECIAL_IDS = {"nvc_text_bos_id": BOS, "nvc_text_eos_id": EOS, "nvc_text_pad_id": PAD, "nvc_function_sotc_id": 20,
+               "nvc_function_eotc_id": 21, "nvc_function_eotr_id": 22, "nvc_tokenizer_ref": "fake/tokenizer"}
+Script = Callable[[str, int, dict], int]  # (stage-0 request id, append seq, duplex envelope) -> token id
+
+
+class FakeTokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1000 + (ord(c) % 500) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+class FakeOutputProcessor:
+    """vLLM's OutputProcessor surface the pools use: engine-core outputs -> request outputs."""
+
+    def add_request(self, request, prompt, parent_req, request_index, queue) -> None:
+        pass
+
+    def remove_request(self, request_id) -> None:
+        pass
+
+    def abort_requests(self, request_ids, internal: bool = False) -> list:
+        return list(request_ids)
+
+    def process_outputs(self, outputs, timestamp, iteration_stats):
+        request_outputs = []
+        for o in outputs:
+            completion = SimpleNamespace(token_ids=list(o.new_token_ids), cumulative_token_ids=None,
+                                         finish_reason=None, multimodal_output=o.multimodal_output, text="")
+            request_outputs.append(SimpleNamespace(request_id=o.request_id, finished=False, outputs=[completion],
+                                                   multimodal_output=o.multimodal_output, error=None,
+                                                   prompt_token_ids=[]))
+        return SimpleNamespace(request_outputs=request_outputs, reqs_to_abort=[])
+
+    def update_scheduler_stats(self, stats) -> None:
+        pass
+
+
+def engine_core_output(request_id: str, tokens=(), multimodal: dict | None = None) -> SimpleNamespace:
+    return SimpleNamespace(request_id=request_id, new_token_ids=list(tokens), is_segment_finished=True,
+                           finish_reason=None, kv_transfer_params=None, multimodal_output=multimodal or {},
+                           stop_reason=None, new_prompt_len_snapshot=None)
+
+
+def step_outputs(*outputs) -> SimpleNamespace:
+    return SimpleNamespace(outputs=list(outputs), scheduler_stats=None, finished_requests=None, timestamp=time.time())
+
+
+class FakeStageClient:
+    """One stage's engine client: records requests and aborts, emits what the harness schedules."""
+
+    stage_type = "llm"
+    custom_process_input_func = None
+    final_output_type = "audio"
+
+    def __init__(self, stage_id: int, *, final_output: bool, params: SamplingParams) -> None:
+        self.stage_id = stage_id
+        self.final_output = final_output
+        self.default_sampling_params = params
+        self.requests: list[Any] = []
+        self.aborted: list[str] = []
+        self.on_add: Callable[[Any], None] | None = None
+        self._queue: asyncio.Queue | None = None
+
+    def _q(self) -> asyncio.Queue:
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+        return self._queue
+
+    async def add_request_async(self, request, **kw) -> None:
+        self.requests.append(request)
+        if self.on_add is not None:
+            self.on_add(request)
+
+    async def get_output_async(self):
+        return await self._q().get()
+
+    async def abort_requests_async(self, request_ids) -> None:
+        self.aborted.extend(request_ids)
+
+    async def collective_rpc_async(self, *args, **kw):
+        return None
+
+    def emit(self, outputs) -> None:
+        self._q().put_nowait(outputs)
+
+
+@dataclass
+class FakeEngine:
+    omni: DuplexOmni
+    engine: DuplexOmniEngine
+    orchestrator: DuplexOrchestrator
+    loop: asyncio.AbstractEventLoop
+    clients: list[FakeStageClient]
+    thread: threading.Thread
+    stage2_packets: list[tuple[str, int]] = field(default_factory=list)
+
+
+def build_fake_engine(plugin, *, max_sessions: int = 2, script: Script | None = None,
+                      audio_delay_s: float = 0.02) -> FakeEngine:
+    params = (SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, seed=0),
+              SamplingParams(temperature=0.0, max_tokens=16383, stop_token_ids=[1], detokenize=False, seed=0),
+              SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, seed=0))
+    clients = [FakeStageClient(i, final_output=i == 2, params=params[i]) for i in range(3)]
+    model_config = SimpleNamespace(max_model_len=8192, hf_config=SimpleNamespace(stt_cfg={}))
+    pools = [StagePool(i, [c], output_processor=FakeOutputProcessor(),
+                       stage_vllm_config=SimpleNamespace(model_config=model_config)) for i, c in enumerate(clients)]
+    script = script or (lambda rid, seq, duplex: PAD)
+    fake = SimpleNamespace(stage2_packets=[])
+
+    def on_stage0(request) -> None:
+        duplex = request.model_intermediate_buffer["duplex"]
+        rid, seq = request.request_id, duplex["seq"]
+        token = script(rid, seq, duplex)
+        loop = asyncio.get_running_loop()
+        clients[0].emit(step_outputs(engine_core_output(rid, [token], {"nvc_function_token": [PAD]})))
+        packet = {"audio": np.full(1764, seq / 1000, np.float32), "sr": 22050}
+
+        def stage2() -> None:
+            fake.stage2_packets.append((rid, seq))
+            clients[2].emit(step_outputs(engine_core_output(rid, [], packet)))
+
+        loop.call_later(audio_delay_s, stage2)
+
+    clients[0].on_add = on_stage0
+    runtime = DuplexSessionRuntimeConfig(max_sessions=max_sessions)
+    request_q, output_q, rpc_q = janus.Queue(maxsize=1024), janus.Queue(), janus.Queue()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    def boot() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+
+        async def main() -> None:
+            orchestrator = DuplexOrchestrator(request_q.async_q, output_q.async_q, rpc_q.async_q, pools,
+                                              async_chunk=False, plugin=plugin, duplex_session_config=runtime,
+                                              model_config=model_config)
+            holder.update(orchestrator=orchestrator, loop=loop)
+            ready.set()
+            await orchestrator.run()
+
+        loop.run_until_complete(main())
+
+    thread = threading.Thread(target=boot, name="fake-orchestrator", daemon=True)
+    thread.start()
+    if not ready.wait(30):
+        raise RuntimeError("the orchestrator did not start")
+    engine = object.__new__(DuplexOmniEngine)
+    engine.request_queue, engine.output_queue, engine.rpc_output_queue = request_q, output_q, rpc_q
+    engine._correlated_rpc_client = CorrelatedRpcClient(request_q.sync_q, rpc_q.sync_q)
+    engine.orchestrator_thread = thread
+    engine.plugin = plugin
+    engine.duplex_session_config = runtime
+    engine._output_drain_executor = None
+    omni = object.__new__(DuplexOmni)
+    omni.engine, omni.model, omni._handles, omni.final_output_task = engine, "m", {}, None
+    omni._resume_compensations = set()
+    built = FakeEngine(omni, engine, holder["orchestrator"], holder["loop"], clients, thread)
+    built.stage2_packets = fake.stage2_packets
+    return built

@@ -1,0 +1,90 @@
+"""vLLM-Omni's real orchestrator, session manager and runner with our plugin over fake stage engines (CPU).
+
+The base of the engine-side Stage 0 runner (issue 6): one append of 1,280 samples is one Stage-0 submit on the
+session's resumable request, Stage-2 audio reaches our plugin's data plane, closing aborts the stage requests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import queue
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None or importlib.util.find_spec("vllm_omni") is None,
+    reason="vllm_omni is not installed (create an omni venv with scripts/install_omni_cpu.sh)",
+)
+
+
+def wait_until(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.005)
+
+
+@pytest.fixture(scope="module")
+def fake():
+    import numpy as np
+    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
+
+    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
+
+    from .omni_fake_engine import SPECIAL_IDS, FakeTokenizer, build_fake_engine
+
+    plugin = VoiceChatDuplexPlugin(encode_audio)
+
+    async def tokenizer_runtime(model_config):
+        return dict(SPECIAL_IDS), FakeTokenizer()
+
+    plugin._tokenizer_runtime = tokenizer_runtime  # the checkpoint tokenizer seam (no weights here)
+    projected: list[tuple[int | None, str | None]] = []
+    project = plugin.data_plane.project
+
+    def tap(result, *, context=None):
+        for out in result.get("data_plane_outputs", []):
+            projected.append((getattr(out, "stage_id", None), getattr(out, "request_id", None)))
+        return project(result, context=context)
+
+    plugin.data_plane.project = tap
+    built = build_fake_engine(plugin)
+    built.projected = projected
+    built.frame = np.zeros(1280, np.float32).tobytes()
+    return built
+
+
+def test_each_append_is_one_stage0_submit_on_the_resumable_request_and_close_aborts(fake):
+    from vllm_omni.engine.duplex.commands import AppendAudio
+    from vllm_omni.entrypoints.duplex_omni import DuplexOmni
+
+    engine, stage0 = fake.engine, fake.clients[0]
+    config = DuplexOmni._resolve_session_config(
+        {"modalities": ["audio", "text"], "input_audio_format": "pcm_f32le", "output_audio_format": "pcm16",
+         "instructions": "Be brief.", "extra_body": {"auto_response": True}}, model="m")
+    sid = "duplex-" + "a" * 32
+    assert engine._open_session(sid, config).ok
+    for _ in range(5):
+        engine._submit_command(sid, AppendAudio(audio=fake.frame, format="pcm_f32le", sample_rate_hz=16000))
+    wait_until(lambda: len(stage0.requests) == 5 and len(fake.stage2_packets) == 5)
+
+    ids = {r.request_id for r in stage0.requests}
+    assert len(ids) == 1 and next(iter(ids)).endswith(".r.stage0")  # one resumable Stage-0 request
+    seqs = [r.model_intermediate_buffer["duplex"]["seq"] for r in stage0.requests]
+    assert seqs == [1, 2, 3, 4, 5]
+    assert all(r.resumable for r in stage0.requests)
+    assert len(stage0.requests[0].prompt_token_ids) > len(stage0.requests[1].prompt_token_ids)  # prompt + frame 0
+    wait_until(lambda: sum(1 for stage, _ in fake.projected if stage == 2) == 5)
+
+    assert engine._close_session(sid).ok
+    wait_until(lambda: next(iter(ids)) in stage0.aborted)
+    wait_until(lambda: not fake.orchestrator.request_states)
+    drained = []
+    while True:
+        try:
+            drained.append(engine.output_queue.sync_q.get_nowait())
+        except queue.Empty:
+            break
+    assert drained  # session events flowed back to the API side
