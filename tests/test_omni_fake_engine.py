@@ -18,11 +18,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def wait_until(predicate, timeout_s: float = 10.0) -> None:
+def wait_until(predicate, timeout_s: float = 30.0, state=lambda: None) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            raise AssertionError(f"condition not met in time; state: {state()}")
         time.sleep(0.005)
 
 
@@ -53,6 +53,20 @@ def fake():
     built = build_fake_engine(plugin)
     built.projected = projected
     built.frame = np.zeros(1280, np.float32).tobytes()
+
+    def drain_events():
+        out = []
+        while True:
+            try:
+                message = built.engine.output_queue.sync_q.get_nowait()
+            except queue.Empty:
+                return out
+            event = getattr(message, "event", None)
+            out.append(getattr(event, "type", type(message).__name__) if event is not None else type(message).__name__)
+            if type(event).__name__ == "ErrorEvent":
+                out.append(str(getattr(event, "raw", event))[:300])
+
+    built.drain_events = drain_events
     return built
 
 
@@ -68,7 +82,8 @@ def test_each_append_is_one_stage0_submit_on_the_resumable_request_and_close_abo
     assert engine._open_session(sid, config).ok
     for _ in range(5):
         engine._submit_command(sid, AppendAudio(audio=fake.frame, format="pcm_f32le", sample_rate_hz=16000))
-    wait_until(lambda: len(stage0.requests) == 5 and len(fake.stage2_packets) == 5)
+    wait_until(lambda: len(stage0.requests) == 5 and len(fake.stage2_packets) == 5,
+               state=lambda: (len(stage0.requests), len(fake.stage2_packets), fake.drain_events()))
 
     ids = {r.request_id for r in stage0.requests}
     assert len(ids) == 1 and next(iter(ids)).endswith(".r.stage0")  # one resumable Stage-0 request

@@ -6,13 +6,25 @@ and the PCM conversions between our 16 kHz PCM16 frames / 22.05 kHz PCM16 packet
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..audio.frames import INPUT_FRAME_BYTES, INPUT_FRAME_SAMPLES
-from ..model.port import PositionControls
+from ..model.port import (
+    AgentControl,
+    AgentOutput,
+    BoundaryPhase,
+    FunctionState,
+    PositionControls,
+    ResponseBoundary,
+    RnntEvidence,
+    StepResult,
+    StepTimings,
+    ToolCall,
+)
 
 VC_KEY = "vc"
 VC_VERSION = 1
@@ -62,3 +74,47 @@ def f32_to_pcm16(samples: np.ndarray) -> bytes:
     """Stage-2 float32 audio (nominally in [-1, 1]) as PCM16, clipped, rounded, little-endian."""
     x = np.nan_to_num(np.asarray(samples, dtype=np.float64), nan=0.0, posinf=1.0, neginf=-1.0)
     return np.round(np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+# --- the thinker's per-position evidence (what our thinker returns beside its token) -------------------------
+
+EVIDENCE_KEY = "vc_step"
+
+
+def encode_evidence(result: StepResult) -> dict:
+    """A ``StepResult`` without its audio as plain data: the contract of our thinker's ``vc_step`` output key
+    (the fake engine emits it from the simulator; the real thinker lands with the real-model issue)."""
+    return {
+        "agent": {"control": result.agent.control.value, "token_id": result.agent.token_id, "delta": result.agent.delta},
+        "rnnt": dataclasses.asdict(result.rnnt),
+        "function": {f.name: getattr(result.function, f.name) for f in dataclasses.fields(result.function)},
+        "tool_call": None if result.tool_call is None else dataclasses.asdict(result.tool_call),
+        "boundary": {"phase": result.boundary.phase.value, "started": result.boundary.started,
+                     "ended": result.boundary.ended, "reason": result.boundary.reason},
+        "eou_consumed": result.eou_consumed,
+        "fence_blank_count": result.fence_blank_count,
+        "telemetry": dict(result.telemetry),
+    }
+
+
+def decode_step(evidence: dict, audio: bytes, inference_ms: float) -> StepResult:
+    """Our ``StepResult`` from a position's ``vc_step`` evidence and its aligned 80 ms audio packet (PCM16)."""
+    try:
+        agent = evidence["agent"]
+        boundary = evidence["boundary"]
+        call = evidence.get("tool_call")
+        return StepResult(
+            audio=audio,
+            agent=AgentOutput(AgentControl(agent["control"]), agent.get("token_id"), agent.get("delta", "")),
+            rnnt=RnntEvidence(**evidence["rnnt"]),
+            function=FunctionState(**evidence["function"]),
+            tool_call=None if call is None else ToolCall(**call),
+            boundary=ResponseBoundary(BoundaryPhase(boundary["phase"]), boundary["started"], boundary["ended"],
+                                      boundary.get("reason")),
+            eou_consumed=bool(evidence.get("eou_consumed")),
+            fence_blank_count=evidence.get("fence_blank_count"),
+            timings=StepTimings(inference_ms=inference_ms),
+            telemetry=dict(evidence.get("telemetry") or {}),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EnvelopeError(f"malformed {EVIDENCE_KEY} evidence: {exc}") from exc

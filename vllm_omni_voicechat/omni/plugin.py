@@ -23,8 +23,15 @@ from copy import deepcopy
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from vllm_omni.engine.duplex.config import DuplexCapabilities, DuplexSessionConfig
-from vllm_omni.engine.duplex.contracts import DuplexAppendPlan, DuplexFence, DuplexOutputDecision
+from vllm_omni.engine.duplex.contracts import (
+    DuplexAppendPlan,
+    DuplexFence,
+    DuplexOutputDecision,
+    duplex_resource_request_belongs_to_session,
+)
 from vllm_omni.engine.duplex.plugin import (
     DuplexModelPlugin,
     DuplexModelSessionState,
@@ -54,6 +61,8 @@ from ..session.functions import (
 )
 from ..session.settlement import DEFAULT_FENCE
 from ..session.tools import InvalidTools, normalize_tools, tool_to_dict
+from .bus import Stage0Bus, Stage0Output
+from .envelope import VC_KEY
 
 if TYPE_CHECKING:
     from vllm.config import ModelConfig
@@ -89,9 +98,25 @@ class VoiceChatRuntimeConfigError(DuplexRuntimeConfigError):
 class VoiceChatDataPlane(NemotronVoiceChatDataPlaneSession):
     """The data plane of our plugin.
 
-    For now it is the in-tree Nemotron projection unchanged (last text token per frame, Stage-2 audio join,
-    function-channel parsing); our engine-side runner will replace the projection with the runtime's outputs.
+    Sessions driven by our engine-side port (they have a bus channel): Stage-2 audio goes into the channel's
+    aligner and nothing is projected to vLLM-Omni's wire layer (our server speaks to the client). Other sessions
+    get the in-tree Nemotron projection unchanged.
     """
+
+    bus: Stage0Bus | None = None
+
+    def project(self, result, *, context=None):
+        outputs = result.get("data_plane_outputs", []) if isinstance(result, dict) else []
+        bus = self.bus
+        channels = [(o, bus.for_request(getattr(o, "request_id", None))) for o in outputs] if bus else []
+        if not any(channel is not None for _, channel in channels):
+            return super().project(result, context=context)
+        for output, channel in channels:
+            if channel is not None and getattr(output, "stage_id", None) == 2:
+                audio = (getattr(output, "multimodal_output", None) or {}).get("audio")
+                if audio is not None:
+                    channel.put_audio(np.asarray(audio, dtype=np.float32).reshape(-1))
+        return iter(())
 
 
 class VoiceChatDuplexPlugin(DuplexModelPlugin):
@@ -109,6 +134,9 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
         self._nemotron = NemotronVoiceChatDuplexPlugin(encode_audio)
         # One engine-scoped data plane: the delegate's hooks and ours must see the same instance.
         self._nemotron.data_plane = self.data_plane
+        # Engine-scoped: our port's sessions meet the orchestrator-side hooks here.
+        self.bus = Stage0Bus(duplex_resource_request_belongs_to_session)
+        self.data_plane.bus = self.bus
         self.runtime_defaults: dict[str, object] = {**RUNTIME_DEFAULTS, **(runtime_defaults or {})}
         unknown = set(self.runtime_defaults) - set(RUNTIME_DEFAULTS)
         if unknown:
@@ -145,7 +173,7 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
             raise ValueError(f"session_position_limit: position {seq} exceeds the session limit of {limit} positions")
         # Delegated: exact 80 ms pcm_f32le frame validation, the Stage-0 max_model_len bound, and the
         # resumable prompt (system prompt ids + PAD on the first position, PAD afterwards).
-        return self._nemotron.plan_append(
+        plan = self._nemotron.plan_append(
             request_id=request_id,
             fence=fence,
             session_config=session_config,
@@ -156,6 +184,13 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
             final=final,
             sampling_params=sampling_params,
         )
+        # Ours: the position's controls ride the append envelope as model fields (one push per position).
+        channel = self.bus.for_request(request_id)
+        if channel is not None:
+            vc = channel.pop_controls()
+            if vc is not None:
+                plan.prompt["model_intermediate_buffer"]["duplex"][VC_KEY] = vc
+        return plan
 
     def decide_output(
         self,
@@ -167,6 +202,14 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
         segment_output_metadata: dict[str, object],
         output: object,
     ) -> DuplexOutputDecision | None:
+        if stage_id == 0 and segment_finished:
+            # Ours: the Stage-0 tap, before the runner's mailbox and epoch filter (stale epochs are dropped by
+            # request id: the bus only knows the session, the port restarts the channel on a new request).
+            channel = self.bus.for_request(getattr(output, "request_id", None))
+            if channel is not None:
+                channel.put_stage0(
+                    Stage0Output(output.request_id, tuple(segment_token_ids), dict(segment_output_metadata or {}))
+                )
         # Delegated: Stage 0 tokens are a direct (client-visible) response side channel; later stages flow on.
         return self._nemotron.decide_output(
             stage_id=stage_id,
