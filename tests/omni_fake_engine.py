@@ -32,7 +32,13 @@ from vllm_omni.entrypoints.duplex_omni import DuplexOmni
 PAD, BOS, EOS = 12, 1, 2
 SPECIAL_IDS = {"nvc_text_bos_id": BOS, "nvc_text_eos_id": EOS, "nvc_text_pad_id": PAD, "nvc_function_sotc_id": 20,
                "nvc_function_eotc_id": 21, "nvc_function_eotr_id": 22, "nvc_tokenizer_ref": "fake/tokenizer"}
-Script = Callable[[str, int, dict], int]  # (stage-0 request id, append seq, duplex envelope) -> token id
+# A Stage-0 append request -> (token id, Stage-0 output metadata, this position's Stage-2 audio as float32)
+Respond = Callable[[Any], tuple[int, dict, np.ndarray]]
+
+
+def constant_response(request) -> tuple[int, dict, np.ndarray]:
+    seq = request.model_intermediate_buffer["duplex"]["seq"]
+    return PAD, {"nvc_function_token": [PAD]}, np.full(1764, seq / 1000, np.float32)
 
 
 class FakeTokenizer:
@@ -129,7 +135,7 @@ class FakeEngine:
     stage2_packets: list[tuple[str, int]] = field(default_factory=list)
 
 
-def build_fake_engine(plugin, *, max_sessions: int = 2, script: Script | None = None,
+def build_fake_engine(plugin, *, max_sessions: int = 2, respond: Respond = constant_response,
                       audio_delay_s: float = 0.02) -> FakeEngine:
     params = (SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, seed=0),
               SamplingParams(temperature=0.0, max_tokens=16383, stop_token_ids=[1], detokenize=False, seed=0),
@@ -138,16 +144,14 @@ def build_fake_engine(plugin, *, max_sessions: int = 2, script: Script | None = 
     model_config = SimpleNamespace(max_model_len=8192, hf_config=SimpleNamespace(stt_cfg={}))
     pools = [StagePool(i, [c], output_processor=FakeOutputProcessor(),
                        stage_vllm_config=SimpleNamespace(model_config=model_config)) for i, c in enumerate(clients)]
-    script = script or (lambda rid, seq, duplex: PAD)
     fake = SimpleNamespace(stage2_packets=[])
 
     def on_stage0(request) -> None:
-        duplex = request.model_intermediate_buffer["duplex"]
-        rid, seq = request.request_id, duplex["seq"]
-        token = script(rid, seq, duplex)
+        rid, seq = request.request_id, request.model_intermediate_buffer["duplex"]["seq"]
+        token, metadata, audio = respond(request)
         loop = asyncio.get_running_loop()
-        clients[0].emit(step_outputs(engine_core_output(rid, [token], {"nvc_function_token": [PAD]})))
-        packet = {"audio": np.full(1764, seq / 1000, np.float32), "sr": 22050}
+        clients[0].emit(step_outputs(engine_core_output(rid, [token], metadata)))
+        packet = {"audio": audio, "sr": 22050}
 
         def stage2() -> None:
             fake.stage2_packets.append((rid, seq))
@@ -192,3 +196,48 @@ def build_fake_engine(plugin, *, max_sessions: int = 2, script: Script | None = 
     built = FakeEngine(omni, engine, holder["orchestrator"], holder["loop"], clients, thread)
     built.stage2_packets = fake.stage2_packets
     return built
+
+
+def simulator_respond(prompt_for: Callable[[Any], Any] | None = None) -> Respond:
+    """A Stage 0 played by our simulator, one per Stage-0 request: it reads the position's ``vc`` controls from
+    the append envelope and answers with its token, the ``vc_step`` evidence our thinker will return, and the
+    position's audio (what the real thinker + talker + codec would produce)."""
+    import base64
+
+    from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt
+    from vllm_omni_voicechat.omni.envelope import EVIDENCE_KEY, decode_controls, encode_evidence
+    from vllm_omni_voicechat.sim.model import SimulatorModel
+
+    sims: dict[str, SimulatorModel] = {}
+
+    def respond(request) -> tuple[int, dict, np.ndarray]:
+        duplex = request.model_intermediate_buffer["duplex"]
+        sim = sims.get(request.request_id)
+        if sim is None:
+            sim = sims[request.request_id] = SimulatorModel()
+            sim.prefill(prompt_for(duplex) if prompt_for else SessionPrompt("Be brief."))
+        vc = duplex.get("vc") or {}
+        payload = duplex["payload"]
+        f32 = np.frombuffer(base64.b64decode(payload["audio"]) if isinstance(payload["audio"], str)
+                            else payload["audio"], "<f4")
+        pcm16 = np.clip(np.rint(f32 * 32768.0), -32768, 32767).astype("<i2").tobytes()
+        result = sim.step(PositionInput(pcm16, decode_controls(vc), synthetic=bool(vc.get("synthetic"))))
+        token = result.agent.token_id if result.agent.token_id is not None else PAD
+        audio = np.frombuffer(result.audio, "<i2").astype(np.float32) / 32768.0
+        return token, {"nvc_function_token": [PAD], EVIDENCE_KEY: encode_evidence(result)}, audio
+
+    respond.sims = sims  # type: ignore[attr-defined]
+    return respond
+
+
+class ApiLoop:
+    """The API server's event loop on a thread (where ``DuplexOmni`` session handles live)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="fake-api-loop", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -28,7 +31,33 @@ def test_controls_encode_every_field_but_reset():
     assert encode_controls(c, position=7, synthetic=True, token_ids=ids) == {
         "v": 1, "position": 7, "synthetic": True, "eou_now": False, "eou_at_fence": 10, "cancel_eou": False,
         "agent_eos": True, "force_text_pad": False, "pre_eou": True, "tool_result_token_ids": [101, 102],
+        "tool_result_tokens": ["<", "ok"],
     }
+
+
+def test_controls_round_trip_through_the_envelope_except_reset():
+    from vllm_omni_voicechat.omni.envelope import decode_controls
+
+    c = PositionControls(eou_now=True, eou_at_fence=3, cancel_eou=True, agent_eos=True, force_text_pad=True,
+                         tool_result_tokens=("a",), pre_eou=True, reset=True)
+    vc = encode_controls(c, position=0, synthetic=False, token_ids=ids)
+    assert decode_controls(vc) == dataclasses.replace(c, reset=False)
+
+
+def test_step_evidence_round_trips_without_audio():
+    from vllm_omni_voicechat.omni.envelope import decode_step, encode_evidence
+    from vllm_omni_voicechat.sim.model import SimulatorModel
+    from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt
+    from vllm_omni_voicechat.sim.speech import render_speech
+
+    sim = SimulatorModel()
+    sim.prefill(SessionPrompt("Be brief."))
+    frames = render_speech("hi") + bytes(2560 * 12)
+    results = [sim.step(PositionInput(frames[i:i + 2560].ljust(2560, b"\0"), PositionControls(eou_now=i == 14)))
+               for i in range(0, 2560 * 20, 2560)]
+    for r in results:
+        back = decode_step(json.loads(json.dumps(encode_evidence(r))), r.audio, r.timings.inference_ms)
+        assert back == r
 
 
 def test_an_envelope_for_another_position_is_refused():

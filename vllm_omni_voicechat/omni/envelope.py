@@ -36,6 +36,19 @@ class EnvelopeError(ValueError):
     """A position envelope that does not match what the port sent (a protocol bug between port and plugin)."""
 
 
+def decode_controls(vc: dict) -> PositionControls:
+    """The controls a thinker applies from a ``vc`` dict (tool results as the port's token strings)."""
+    return PositionControls(
+        eou_now=bool(vc.get("eou_now")),
+        eou_at_fence=vc.get("eou_at_fence"),
+        cancel_eou=bool(vc.get("cancel_eou")),
+        agent_eos=bool(vc.get("agent_eos")),
+        force_text_pad=bool(vc.get("force_text_pad")),
+        tool_result_tokens=tuple(vc.get("tool_result_tokens") or ()),
+        pre_eou=bool(vc.get("pre_eou")),
+    )
+
+
 def encode_controls(controls: PositionControls, *, position: int, synthetic: bool, token_ids: TokenIds) -> dict:
     """The ``vc`` dict of one position. ``reset`` is not sent: the port executes it (a new Stage-0 request)."""
     return {
@@ -49,6 +62,7 @@ def encode_controls(controls: PositionControls, *, position: int, synthetic: boo
         "force_text_pad": controls.force_text_pad,
         "pre_eou": controls.pre_eou,
         "tool_result_token_ids": list(token_ids(controls.tool_result_tokens)) if controls.tool_result_tokens else [],
+        "tool_result_tokens": list(controls.tool_result_tokens),
     }
 
 

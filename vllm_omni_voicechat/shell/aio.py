@@ -61,6 +61,7 @@ class SessionShell:
         self._tasks: set[asyncio.Task] = set()
         self.positions = 0
         self.cleanup_error: BaseException | None = None  # model.abort() failed: the model home is suspect
+        self._released = False
 
     # --- inputs -----------------------------------------------------------------------------------------
 
@@ -132,6 +133,7 @@ class SessionShell:
                     pass  # a finished synthesis for a cancelled job is ignored by the core
 
     async def _abort_model(self) -> None:
+        self._released = True
         try:
             await asyncio.get_running_loop().run_in_executor(self._executor, self.model.abort)
         except Exception as exc:  # the model home is suspect: the server stops admitting sessions
@@ -178,5 +180,11 @@ class SessionShell:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if not self._released:
+            # A session that ended normally still holds its model home (an engine-side session, KV state).
+            try:
+                await asyncio.shield(self._abort_model())
+            except asyncio.CancelledError:
+                pass
         if self._own_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,135 @@
+"""The engine-side Stage 0 runner: our session core drives vLLM-Omni's real orchestrator through
+``OmniStage0Port`` over fake stage engines whose Stage 0 is played by the simulator (CPU, no weights)."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None or importlib.util.find_spec("vllm_omni") is None,
+    reason="vllm_omni is not installed (create an omni venv with scripts/install_omni_cpu.sh)",
+)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
+
+    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
+
+    from .omni_fake_engine import SPECIAL_IDS, ApiLoop, FakeTokenizer, build_fake_engine, simulator_respond
+
+    plugin = VoiceChatDuplexPlugin(encode_audio)
+
+    async def tokenizer_runtime(model_config):
+        return dict(SPECIAL_IDS), FakeTokenizer()
+
+    plugin._tokenizer_runtime = tokenizer_runtime  # the checkpoint tokenizer seam (no weights here)
+    respond = simulator_respond()
+    built = build_fake_engine(plugin, max_sessions=4, respond=respond, audio_delay_s=0.004)
+    built.plugin, built.respond, built.api = plugin, respond, ApiLoop()
+    yield built
+    built.api.close()
+
+
+def port_for(engine, **kw):
+    from vllm_omni_voicechat.omni.port import OmniStage0Port
+
+    return OmniStage0Port(engine.omni, engine.api.loop, engine.plugin.bus, **kw)
+
+
+def session(engine, **config):
+    from vllm_omni_voicechat.model.port import SessionPrompt
+    from vllm_omni_voicechat.session.commands import Configure
+    from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
+    from vllm_omni_voicechat.shell.sync import SyncDriver
+
+    config.setdefault("session_id", "S")
+    config.setdefault("settlement_blank_frames", 3)
+    driver = SyncDriver(SessionCore(SessionConfig(**config)), port_for(engine))
+    driver.send(Configure(SessionPrompt("Be brief.")))
+    return driver
+
+
+def test_a_client_turn_runs_through_the_real_orchestrator_one_submit_per_position(engine):
+    from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn, Stop
+    from vllm_omni_voicechat.session.events import AudioDelta, PositionMetrics, TextDone
+    from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+
+    before = len(engine.clients[0].requests)
+    d = session(engine)
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(render_speech("hello")))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    texts = [e.text for e in d.events if isinstance(e, TextDone)]
+    audio = b"".join(e.pcm for e in d.events if isinstance(e, AudioDelta))
+    assert texts == ["You said: hello."]
+    assert decode_speech(audio, 22_050) == "You said: hello."
+    positions = [e for e in d.events if isinstance(e, PositionMetrics) and e.frame is not None]
+    requests = engine.clients[0].requests[before:]
+    assert len(requests) == len(positions)  # one Stage-0 submit per model position
+    assert [r.model_intermediate_buffer["duplex"]["vc"]["position"] for r in requests] == list(range(len(requests)))
+    assert len({r.request_id for r in requests}) == 1 and all(r.resumable for r in requests)
+    # the settlement's fused EOU control reached Stage 0 through the envelope
+    assert any(r.model_intermediate_buffer["duplex"]["vc"]["eou_at_fence"] == 3 for r in requests)
+    d.send(Stop("stop"))
+    d.run()
+    d.model.abort()  # what the asyncio shell does when a session ends
+    stage0_id = requests[0].request_id
+    deadline = time.monotonic() + 30
+    while stage0_id not in engine.clients[0].aborted or engine.orchestrator.request_states:
+        assert time.monotonic() < deadline, "the session's stage requests were not aborted"
+        time.sleep(0.01)
+    assert len(engine.plugin.bus) == 0
+
+
+def test_two_sessions_share_the_engine_with_their_own_requests(engine):
+    from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn
+    from vllm_omni_voicechat.session.events import TextDone
+    from vllm_omni_voicechat.sim.speech import render_speech
+
+    a, b = session(engine, session_id="A"), session(engine, session_id="B")
+    for d, word in ((a, "one"), (b, "two")):
+        d.send(StartTurn(1, "s1"))
+        d.send(AppendAudio(render_speech(word)))
+        d.send(CommitTurn(1, "c1"))
+    a.run()
+    b.run()
+    assert [e.text for e in a.events if isinstance(e, TextDone)] == ["You said: one."]
+    assert [e.text for e in b.events if isinstance(e, TextDone)] == ["You said: two."]
+    assert a.model.handle.session_id != b.model.handle.session_id
+    a.model.abort()
+    b.model.abort()
+
+
+def test_a_thinker_without_voicechat_evidence_is_a_model_error():
+    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
+
+    from vllm_omni_voicechat.model.port import ModelError, PositionInput, SessionPrompt
+    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
+    from vllm_omni_voicechat.omni.port import OmniStage0Port
+
+    from .omni_fake_engine import SPECIAL_IDS, ApiLoop, FakeTokenizer, build_fake_engine, constant_response
+
+    plugin = VoiceChatDuplexPlugin(encode_audio)
+
+    async def tokenizer_runtime(model_config):
+        return dict(SPECIAL_IDS), FakeTokenizer()
+
+    plugin._tokenizer_runtime = tokenizer_runtime
+    built = build_fake_engine(plugin, respond=constant_response)  # vLLM-Omni's thinker: a token, no evidence
+    api = ApiLoop()
+    try:
+        port = OmniStage0Port(built.omni, api.loop, plugin.bus, step_timeout_s=10)
+        port.prefill(SessionPrompt("Be brief."))
+        with pytest.raises(ModelError, match="no voicechat evidence"):
+            port.step(PositionInput(bytes(2560)))
+        port.abort()
+        with pytest.raises(ModelError, match="no open session"):
+            port.step(PositionInput(bytes(2560)))
+    finally:
+        api.close()

@@ -1,0 +1,117 @@
+"""``OmniStage0Port``: our ``ModelPort`` on vLLM-Omni's engine (docs/omni-integration.md §2, D2-D6).
+
+Each of our sessions rides one ``DuplexOmni`` session (admission, per-session request ids, abort on close come
+with it). One model position is one ``AppendAudio`` of exactly 1,280 float32 samples, which vLLM-Omni turns into
+one submit on the session's resumable Stage-0 request; the position's controls ride the append envelope through
+the plugin's bus, and ``step`` waits on the bus for the Stage-0 output (token + ``vc_step`` evidence) and the
+position's Stage-2 audio packet. ``step`` runs on the shell's model thread; the session handle lives on the API
+event loop, so every call into it hops there with ``run_coroutine_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from vllm_omni.engine.duplex.commands import AppendAudio
+
+from ..model.port import ModelError, PositionInput, SessionPrompt, StepResult
+from ..session.tools import tool_to_dict
+from .bus import Channel, ChannelFailure, Stage0Bus
+from .envelope import EVIDENCE_KEY, EnvelopeError, decode_step, encode_controls, frame_to_f32
+
+DEFAULT_STEP_TIMEOUT_S = 10.0
+
+
+class OmniStage0Port:
+    def __init__(
+        self,
+        omni: Any,
+        loop: asyncio.AbstractEventLoop,
+        bus: Stage0Bus,
+        *,
+        token_ids=lambda tokens: [],
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        audio_lag: int = 0,
+    ) -> None:
+        self.omni = omni
+        self.loop = loop
+        self.bus = bus
+        self.token_ids = token_ids
+        self.step_timeout_s = step_timeout_s
+        self.audio_lag = audio_lag
+        self.handle: Any = None
+        self.channel: Channel | None = None
+        self.position = 0
+
+    def _run(self, coro) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.step_timeout_s)
+
+    # ---- ModelPort ----
+
+    def prefill(self, prompt: SessionPrompt) -> None:
+        """A prompt is a session: open one (its first append carries the prompt into Stage 0)."""
+        self.abort()
+        config = {
+            "modalities": ["audio", "text"],
+            "input_audio_format": "pcm_f32le",
+            "output_audio_format": "pcm16",
+            "instructions": prompt.instructions,
+            "extra_body": {"auto_response": True, "realtime_tools": [tool_to_dict(t) for t in prompt.tools]},
+        }
+        try:
+            self.handle = self._run(self.omni.open_session(config))
+        except Exception as exc:
+            raise ModelError(f"vLLM-Omni refused the session: {exc}") from exc
+        self.channel = self.bus.open(self.handle.session_id, audio_lag=self.audio_lag)
+        self.position = 0
+        asyncio.run_coroutine_threadsafe(self._watch(self.handle, self.channel), self.loop)
+
+    @staticmethod
+    async def _watch(handle: Any, channel: Channel) -> None:
+        """Engine errors for the session fail the position waiting on it."""
+        async for event in handle.events():
+            if type(event).__name__ == "ErrorEvent":
+                error = getattr(event, "error", None) or getattr(event, "raw", None) or event
+                channel.fail(f"vLLM-Omni session error: {error}")
+
+    def step(self, position: PositionInput) -> StepResult:
+        handle, channel = self.handle, self.channel
+        if handle is None or channel is None:
+            raise ModelError("no open session: prefill first")
+        if position.controls.reset:
+            self._run(handle.cancel_input())  # a new epoch: a new Stage-0 request, re-prefilled
+            channel.restart()
+        channel.push_controls(
+            encode_controls(position.controls, position=self.position, synthetic=position.synthetic,
+                            token_ids=self.token_ids)
+        )
+        started = time.perf_counter()
+        try:
+            self._run(handle.submit(AppendAudio(audio=frame_to_f32(position.pcm).tobytes(), format="pcm_f32le",
+                                                sample_rate_hz=16_000)))
+            output = channel.wait_stage0(self.step_timeout_s)
+            inference_ms = (time.perf_counter() - started) * 1000.0
+            audio = channel.wait_packet(self.step_timeout_s)
+        except (ChannelFailure, TimeoutError, EnvelopeError) as exc:
+            raise ModelError(f"position {self.position}: {exc}") from exc
+        self.position += 1
+        evidence = output.metadata.get(EVIDENCE_KEY)
+        if evidence is None:
+            raise ModelError("Stage 0 returned no voicechat evidence (vc_step): the thinker is not ours")
+        try:
+            return decode_step(evidence, audio, inference_ms)
+        except EnvelopeError as exc:
+            raise ModelError(str(exc)) from exc
+
+    def abort(self) -> None:
+        handle, self.handle = self.handle, None
+        self.channel = None
+        if handle is None:
+            return
+        self.bus.close(handle.session_id)
+        try:
+            self._run(handle.close(reason="voicechat_session_end"))
+        except Exception as exc:
+            raise ModelError(f"closing the vLLM-Omni session failed: {exc}") from exc
