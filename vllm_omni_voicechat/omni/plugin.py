@@ -137,6 +137,10 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
         # Engine-scoped: our port's sessions meet the orchestrator-side hooks here.
         self.bus = Stage0Bus(duplex_resource_request_belongs_to_session)
         self.data_plane.bus = self.bus
+        # Inside `vllm-omni serve` (we are loaded before the app includes vLLM-Omni's router): our routes.
+        from .mount import install_for_serve
+
+        install_for_serve(self)
         self.runtime_defaults: dict[str, object] = {**RUNTIME_DEFAULTS, **(runtime_defaults or {})}
         unknown = set(self.runtime_defaults) - set(RUNTIME_DEFAULTS)
         if unknown:

@@ -1,0 +1,170 @@
+"""Our routes mounted in the app vLLM-Omni's ``vllm-omni serve`` builds, on vLLM-Omni's real orchestrator over
+fake stage engines: a v3 client and ``DuplexClient`` each complete a turn end to end (issue 6, Done-when).
+
+The app is assembled the way ``omni_run_server_worker`` does it (``build_openai_app``, route removal,
+``include_router(router)``, ``app.state``), without starting stage processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import importlib.util
+import os
+import socket
+import threading
+
+import pytest
+
+assert os.environ.get("VLLM_TARGET_DEVICE"), "tests/conftest.py sets it before vllm is imported"
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None or importlib.util.find_spec("vllm_omni") is None,
+    reason="vllm_omni is not installed (create an omni venv with scripts/install_omni_cpu.sh)",
+)
+
+
+@contextlib.contextmanager
+def serve(app):
+    import uvicorn
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn.Config(app, ws_ping_interval=None, ws_ping_timeout=None, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        thread.join(0.01)
+    try:
+        yield f"ws://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def mounted():
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
+    from vllm_omni.entrypoints.openai import api_server
+    from vllm_omni.entrypoints.serve.utils.routes import remove_route_from_app
+
+    from vllm_omni_voicechat.omni.mount import VoicechatMount, install
+    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
+
+    from .omni_fake_engine import SPECIAL_IDS, FakeTokenizer, build_fake_engine, simulator_respond
+
+    plugin = VoiceChatDuplexPlugin(encode_audio)
+
+    async def tokenizer_runtime(model_config):
+        return dict(SPECIAL_IDS), FakeTokenizer()
+
+    plugin._tokenizer_runtime = tokenizer_runtime
+    engine = build_fake_engine(plugin, max_sessions=4, respond=simulator_respond(), audio_delay_s=0.004)
+    mount = VoicechatMount(plugin, settlement_blank_frames=3, warmup_positions=2)
+    assert install(mount)  # the private seam: vLLM-Omni's module-level router, before the app includes it
+    assert not install(mount)  # idempotent
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "m"])
+    app = api_server.build_openai_app(args, ("generate",))
+    app.state.api_server_count = 1
+    for path, methods in (("/v1/chat/completions", {"POST"}), ("/v1/models", {"GET"}), ("/health", {"GET"})):
+        remove_route_from_app(app, path, methods)
+    app.include_router(api_server.router)
+    app.state.engine_client = engine.omni
+    app.state.openai_serving_models = None
+    app.state.openai_serving_duplex = None
+    app.state.log_stats = False
+    with serve(app) as url:
+        yield url, app, mount, engine
+
+
+def test_our_routes_come_first_and_the_warmup_ran_through_the_engine(mounted):
+    url, app, mount, engine = mounted
+    order = [r.path for r in app.routes if r.path in ("/health", "/v1/realtime", "/v1/duplex", "/v1/voicechat")]
+    assert order[:4] == ["/health", "/v1/realtime", "/v1/duplex", "/v1/voicechat"]
+    import json
+    import urllib.request
+
+    health = json.load(urllib.request.urlopen(url.replace("ws://", "http://") + "/health", timeout=10))
+    assert health["model_kind"] == "vllm-omni" and health["warmup"]["positions"] == 2
+    assert health["max_sessions"] == 4
+
+
+def test_a_v3_client_completes_a_turn_through_the_mounted_route(mounted):
+    from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+
+    from .server_fixture import RawClient
+
+    url, *_ = mounted
+    c = RawClient(url + "/v1/voicechat", timeout=30)
+    try:
+        assert c.recv()["type"] == "session.created"
+        c.send({"type": "session.update", "event_id": "u1", "session": {"protocol_version": 3,
+                                                                       "instructions": "Be brief."}})
+        c.recv_type("session.updated")
+        c.send({"type": "input_audio_buffer.turn_start", "event_id": "s1", "client_turn_id": 1})
+        c.send({"type": "input_audio_buffer.append", "event_id": "a1", "encoding": "pcm16", "sample_rate": 16000,
+                "channels": 1, "audio": base64.b64encode(render_speech("hello")).decode()})
+        c.send({"type": "input_audio_buffer.commit", "event_id": "c1", "client_turn_id": 1})
+        events = c.recv_until(lambda e: e["type"] in ("response.done", "error"))
+    finally:
+        c.close()
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    assert (events[-1]["type"], events[-1]["status"]) == ("response.done", "completed")
+    assert decode_speech(audio, 22_050) == "You said: hello."
+
+
+def test_duplex_client_completes_a_turn_through_the_mounted_route(mounted):
+    from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+
+    from .compat import load_duplex_client_module
+
+    dc = load_duplex_client_module()
+    url, *_ = mounted
+
+    async def turn():
+        async with dc.DuplexClient(url, model="m", reconnect=None, heartbeat_interval_s=None) as client:
+            await client.stream_pcm(render_speech("hello") + bytes(2 * 3200), chunk_ms=80, realtime=False)
+            await client.commit()
+            async for handle in client.responses():
+                if handle.decision == "listen" and handle.response_id is None:
+                    continue
+                pcm = b"".join([chunk async for chunk in handle.audio()])
+                await handle.wait(30)
+                return handle, pcm
+        raise AssertionError("no response")
+
+    handle, pcm = asyncio.run(asyncio.wait_for(turn(), 90))
+    assert handle.done_event.raw["response"]["status"] == "completed"
+    assert handle.transcript == "You said: hello."
+    assert decode_speech(pcm, 24_000) == "You said: hello."
+
+
+def test_the_plugin_mounts_our_routes_only_inside_vllm_omni_serve(monkeypatch):
+    import sys
+    import types
+
+    from fastapi import APIRouter
+    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
+
+    from vllm_omni_voicechat.omni.mount import API_SERVER_MODULE
+    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
+
+    fake_api = types.SimpleNamespace(router=APIRouter())
+    monkeypatch.setitem(sys.modules, API_SERVER_MODULE, fake_api)
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    VoiceChatDuplexPlugin(encode_audio)
+    assert fake_api.router.routes == []  # not a serve process: nothing mounted
+    monkeypatch.setattr(sys, "argv", ["vllm-omni", "serve", "m", "--omni"])
+    VoiceChatDuplexPlugin(encode_audio)
+    assert [r.path for r in fake_api.router.routes] == ["/health", "/v1/realtime", "/v1/duplex", "/v1/voicechat"]
+    VoiceChatDuplexPlugin(encode_audio)  # a second load mounts nothing more
+    assert len(fake_api.router.routes) == 4

@@ -1,0 +1,126 @@
+"""Our routes inside ``vllm-omni serve`` (docs/omni-integration.md §1.6, D1, D7).
+
+Private seam: ``vllm_omni.entrypoints.openai.api_server.router`` (the module-level ``APIRouter``) is included into
+the app by ``omni_run_server_worker`` AFTER ``build_async_omni`` has loaded our duplex plugin. Routes inserted at its
+front win over vLLM-Omni's ``/v1/realtime``, ``/v1/duplex`` and ``/health`` (first match wins), and its
+``lifespan_context`` is merged into the app's, so our start (server + warmup) runs before the first accept.
+``/v1/models`` and everything else stay vLLM-Omni's / vLLM's. ``tests/test_omni_mount.py`` pins the seam.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from ..server.app import VoicechatServer
+from ..server.config import ServerConfig
+from ..server.warmup import warm_up
+from .port import OmniStage0Port
+
+log = logging.getLogger(__name__)
+API_SERVER_MODULE = "vllm_omni.entrypoints.openai.api_server"
+_MARKER = "_vllm_omni_voicechat_mounted"
+
+
+class VoicechatMount:
+    """Our server on vLLM-Omni's engine: built at app startup from ``app.state.engine_client``."""
+
+    def __init__(self, plugin: Any, **settings: Any) -> None:
+        self.plugin = plugin
+        self.settings = settings
+        self.server: VoicechatServer | None = None
+
+    async def start(self, app: Any) -> None:
+        engine_client = app.state.engine_client
+        loop = asyncio.get_running_loop()
+        bus = self.plugin.bus
+        step_timeout_s = float(self.settings.pop("step_timeout_s", 10.0))
+        audio_lag = int(self.settings.pop("audio_lag_positions", 0))
+        warmup_positions = int(self.settings.pop("warmup_positions", 0))
+
+        def factory() -> OmniStage0Port:
+            return OmniStage0Port(engine_client, loop, bus, step_timeout_s=step_timeout_s, audio_lag=audio_lag)
+
+        max_sessions = getattr(getattr(engine_client, "duplex_session_config", None), "max_sessions", None) or 1
+        config = ServerConfig(model_kind="vllm-omni", model_factory=factory, max_sessions=max_sessions,
+                              synthesizer=None, warmup_positions=warmup_positions, **self.settings)
+        self.server = VoicechatServer(config)
+        self.api_server_count = int(getattr(app.state, "api_server_count", 1) or 1)
+        if warmup_positions > 0:
+            self.server.warmup = await loop.run_in_executor(None, warm_up, factory(), warmup_positions)
+
+    async def health(self, request: Request) -> JSONResponse:
+        if self.server is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return await self.server.health(request)
+
+    async def _refuse(self, websocket: WebSocket, code: str, message: str, close: int) -> None:
+        await websocket.accept()
+        with contextlib.suppress(Exception):
+            await websocket.send_json({"type": "error", "error": {"type": "invalid_request_error", "code": code,
+                                                                  "message": message}})
+            await websocket.close(close)
+
+    async def realtime(self, websocket: WebSocket) -> None:
+        if await self._usable(websocket):
+            await self.server.realtime(websocket)  # type: ignore[union-attr]
+
+    async def v3(self, websocket: WebSocket) -> None:
+        if await self._usable(websocket):
+            await self.server.v3(websocket)  # type: ignore[union-attr]
+
+    async def _usable(self, websocket: WebSocket) -> bool:
+        if self.server is None:
+            await self._refuse(websocket, "server_starting", "the server is still starting", 1013)
+            return False
+        if self.api_server_count != 1:  # sessions live in one API process (vLLM-Omni refuses the same way)
+            await self._refuse(websocket, "multi_api_duplex_unsupported", "run one API server for duplex", 1008)
+            return False
+        return True
+
+    def routes(self) -> list:
+        return [Route("/health", self.health), WebSocketRoute("/v1/realtime", self.realtime),
+                WebSocketRoute("/v1/duplex", self.realtime), WebSocketRoute("/v1/voicechat", self.v3)]
+
+
+def install_for_serve(plugin: Any) -> bool:
+    """Called by our plugin when vLLM-Omni loads it: mount our routes when this process is ``vllm-omni serve``
+    (the API server module is imported and the command is ``serve``); a no-op anywhere else."""
+    if sys.argv[1:2] != ["serve"] or API_SERVER_MODULE not in sys.modules:
+        return False
+    return install(VoicechatMount(plugin))
+
+
+def install(mount: VoicechatMount, router: Any = None) -> bool:
+    """Put ``mount``'s routes at the front of vLLM-Omni's API router and its start into the router's lifespan.
+
+    Without ``router``, only inside ``vllm-omni serve`` (the api_server module is imported); idempotent.
+    """
+    if router is None:
+        api = sys.modules.get(API_SERVER_MODULE)
+        if api is None:
+            return False  # plain DuplexOmni use or a test: nothing to mount into
+        router = api.router
+    if getattr(router, _MARKER, False):
+        return False
+    router.routes[0:0] = mount.routes()
+    inner = router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        async with inner(app) as state:
+            await mount.start(app)
+            yield state
+
+    router.lifespan_context = lifespan
+    setattr(router, _MARKER, True)
+    log.info("voicechat routes mounted: /health /v1/realtime /v1/duplex /v1/voicechat")
+    return True
