@@ -232,7 +232,9 @@ def test_deploy_yaml_is_the_in_tree_streaming_duplex_merge_plus_our_changes():
     expected = dataclasses.replace(
         upstream,
         pipeline=PIPELINE_KEY,
-        duplex_session=dataclasses.replace(upstream.duplex_session, max_sessions=sessions),
+        # our server owns idle policy and runs its own warmup (vLLM-Omni's would hit our routes)
+        duplex_session=dataclasses.replace(upstream.duplex_session, max_sessions=sessions, idle_ttl_s=None,
+                                           warmup_frames=0),
         stages=[dataclasses.replace(s, max_num_seqs=sessions) for s in upstream.stages],
     )
     assert ours == expected

@@ -24,6 +24,7 @@ from ..server.app import VoicechatServer
 from ..server.config import ServerConfig
 from ..server.warmup import warm_up
 from .port import OmniStage0Port
+from .settings import read_settings
 
 log = logging.getLogger(__name__)
 API_SERVER_MODULE = "vllm_omni.entrypoints.openai.api_server"
@@ -40,6 +41,8 @@ class VoicechatMount:
 
     async def start(self, app: Any) -> None:
         engine_client = app.state.engine_client
+        # The deploy YAML's voicechat: block, under what the mount was given explicitly.
+        self.settings = {**read_settings(getattr(engine_client, "config_path", None)), **self.settings}
         loop = asyncio.get_running_loop()
         bus = self.plugin.bus
         step_timeout_s = float(self.settings.pop("step_timeout_s", 10.0))

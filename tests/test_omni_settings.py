@@ -1,0 +1,36 @@
+"""The deploy YAML's ``voicechat:`` block (read with vLLM-Omni's own YAML resolution where installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from vllm_omni_voicechat.omni.register import PACKAGED_DEPLOY_CONFIG
+from vllm_omni_voicechat.omni.settings import VoicechatSettingsError, parse_block, read_settings
+
+
+def test_the_block_is_validated_and_typed():
+    assert parse_block({"warmup_positions": 2, "function_call_timeout_s": 30, "realtime_default": "tiered"}) == {
+        "warmup_positions": 2, "function_call_timeout_s": 30.0, "realtime_default": "tiered"}
+    assert parse_block(None) == {}
+
+
+@pytest.mark.parametrize("block, message", [
+    ({"warmup_position": 2}, "unknown keys"),
+    ({"warmup_positions": -1}, ">= 0"),
+    ({"settlement_blank_frames": 2.5}, "must be int"),
+    ({"settlement_blank_frames": True}, "must be int"),
+    ({"realtime_default": "v4"}, "one of"),
+    ([1], "mapping"),
+])
+def test_bad_blocks_fail_with_a_clear_message(block, message):
+    with pytest.raises(VoicechatSettingsError, match=message):
+        parse_block(block)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm_omni") is None, reason="vllm_omni is not installed")
+def test_the_packaged_deploy_yaml_block():
+    settings = read_settings(PACKAGED_DEPLOY_CONFIG)
+    assert settings["warmup_positions"] == 2 and settings["max_session_model_frames"] == 8000
+    assert settings["realtime_default"] == "v3" and settings["step_timeout_s"] == 5.0
