@@ -131,5 +131,12 @@ def test_a_thinker_without_voicechat_evidence_is_a_model_error():
         port.abort()
         with pytest.raises(ModelError, match="no open session"):
             port.step(PositionInput(bytes(2560)))
+        # the failing session took nothing else down: the orchestrator still admits and runs sessions
+        assert built.thread.is_alive()
+        again = OmniStage0Port(built.omni, api.loop, plugin.bus, step_timeout_s=10)
+        again.prefill(SessionPrompt("Be brief."))
+        with pytest.raises(ModelError, match="no voicechat evidence"):
+            again.step(PositionInput(bytes(2560)))
+        again.abort()
     finally:
         api.close()
