@@ -241,3 +241,18 @@ class ApiLoop:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+def voicechat_plugin():
+    """Our plugin as vLLM-Omni would load it, with the fake checkpoint tokenizer (no weights here)."""
+    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
+
+    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
+
+    plugin = VoiceChatDuplexPlugin(encode_audio)
+
+    async def tokenizer_runtime(model_config):
+        return dict(SPECIAL_IDS), FakeTokenizer()
+
+    plugin._tokenizer_runtime = tokenizer_runtime  # the checkpoint tokenizer seam
+    return plugin

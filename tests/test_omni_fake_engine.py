@@ -29,18 +29,10 @@ def wait_until(predicate, timeout_s: float = 30.0, state=lambda: None) -> None:
 @pytest.fixture(scope="module")
 def fake():
     import numpy as np
-    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
 
-    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
+    from .omni_fake_engine import build_fake_engine, voicechat_plugin
 
-    from .omni_fake_engine import SPECIAL_IDS, FakeTokenizer, build_fake_engine
-
-    plugin = VoiceChatDuplexPlugin(encode_audio)
-
-    async def tokenizer_runtime(model_config):
-        return dict(SPECIAL_IDS), FakeTokenizer()
-
-    plugin._tokenizer_runtime = tokenizer_runtime  # the checkpoint tokenizer seam (no weights here)
+    plugin = voicechat_plugin()
     projected: list[tuple[int | None, str | None]] = []
     project = plugin.data_plane.project
 

@@ -52,21 +52,14 @@ def serve(app):
 def mounted():
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
-    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
     from vllm_omni.entrypoints.openai import api_server
     from vllm_omni.entrypoints.serve.utils.routes import remove_route_from_app
 
     from vllm_omni_voicechat.omni.mount import VoicechatMount, install
-    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
 
-    from .omni_fake_engine import SPECIAL_IDS, FakeTokenizer, build_fake_engine, simulator_respond
+    from .omni_fake_engine import build_fake_engine, simulator_respond, voicechat_plugin
 
-    plugin = VoiceChatDuplexPlugin(encode_audio)
-
-    async def tokenizer_runtime(model_config):
-        return dict(SPECIAL_IDS), FakeTokenizer()
-
-    plugin._tokenizer_runtime = tokenizer_runtime
+    plugin = voicechat_plugin()
     engine = build_fake_engine(plugin, max_sessions=4, respond=simulator_respond(), audio_delay_s=0.004)
     mount = VoicechatMount(plugin, settlement_blank_frames=3, warmup_positions=2)
     assert install(mount)  # the private seam: vLLM-Omni's module-level router, before the app includes it
@@ -87,7 +80,7 @@ def mounted():
 
 
 def test_our_routes_come_first_and_the_warmup_ran_through_the_engine(mounted):
-    url, app, mount, engine = mounted
+    url, app, _, _ = mounted
     order = [r.path for r in app.routes if r.path in ("/health", "/v1/realtime", "/v1/duplex", "/v1/voicechat")]
     assert order[:4] == ["/health", "/v1/realtime", "/v1/duplex", "/v1/voicechat"]
     import json

@@ -16,18 +16,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def engine():
-    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
+    from .omni_fake_engine import ApiLoop, build_fake_engine, simulator_respond, voicechat_plugin
 
-    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
-
-    from .omni_fake_engine import SPECIAL_IDS, ApiLoop, FakeTokenizer, build_fake_engine, simulator_respond
-
-    plugin = VoiceChatDuplexPlugin(encode_audio)
-
-    async def tokenizer_runtime(model_config):
-        return dict(SPECIAL_IDS), FakeTokenizer()
-
-    plugin._tokenizer_runtime = tokenizer_runtime  # the checkpoint tokenizer seam (no weights here)
+    plugin = voicechat_plugin()
     respond = simulator_respond()
     built = build_fake_engine(plugin, max_sessions=4, respond=respond, audio_delay_s=0.004)
     built.plugin, built.respond, built.api = plugin, respond, ApiLoop()
@@ -107,20 +98,12 @@ def test_two_sessions_share_the_engine_with_their_own_requests(engine):
 
 
 def test_a_thinker_without_voicechat_evidence_is_a_model_error():
-    from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio
-
     from vllm_omni_voicechat.model.port import ModelError, PositionInput, SessionPrompt
-    from vllm_omni_voicechat.omni.plugin import VoiceChatDuplexPlugin
     from vllm_omni_voicechat.omni.port import OmniStage0Port
 
-    from .omni_fake_engine import SPECIAL_IDS, ApiLoop, FakeTokenizer, build_fake_engine, constant_response
+    from .omni_fake_engine import ApiLoop, build_fake_engine, constant_response, voicechat_plugin
 
-    plugin = VoiceChatDuplexPlugin(encode_audio)
-
-    async def tokenizer_runtime(model_config):
-        return dict(SPECIAL_IDS), FakeTokenizer()
-
-    plugin._tokenizer_runtime = tokenizer_runtime
+    plugin = voicechat_plugin()
     built = build_fake_engine(plugin, respond=constant_response)  # vLLM-Omni's thinker: a token, no evidence
     api = ApiLoop()
     try:
