@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import asyncio
 import base64
 import inspect
@@ -128,7 +130,8 @@ def test_capabilities_advertise_the_runtime(plugin):
     assert caps.supports_multi_session and caps.supports_multi_session_same_replica
     assert caps.supports_session_resume and caps.supports_session_lease
     assert caps.supports_barge_in
-    assert caps.supports_text_only_turn  # typed input
+    # typed input: true exactly when the engine can synthesize it (Pocket TTS, extra `pocket`)
+    assert caps.supports_text_only_turn == (importlib.util.find_spec("pocket_tts") is not None)
     assert caps.supports_model_native_turn_policy
     assert caps.optional_input_modalities == frozenset()
     published = caps.as_dict()

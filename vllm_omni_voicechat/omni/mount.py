@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import sys
 from typing import Any
@@ -53,8 +54,9 @@ class VoicechatMount:
             return OmniStage0Port(engine_client, loop, bus, step_timeout_s=step_timeout_s, audio_lag=audio_lag)
 
         max_sessions = getattr(getattr(engine_client, "duplex_session_config", None), "max_sessions", None) or 1
+        synthesizer = await loop.run_in_executor(None, _typed_input_synthesizer)
         config = ServerConfig(model_kind="vllm-omni", model_factory=factory, max_sessions=max_sessions,
-                              synthesizer=None, warmup_positions=warmup_positions, **self.settings)
+                              synthesizer=synthesizer, warmup_positions=warmup_positions, **self.settings)
         self.server = VoicechatServer(config)
         self.api_server_count = int(getattr(app.state, "api_server_count", 1) or 1)
         if warmup_positions > 0:
@@ -92,6 +94,22 @@ class VoicechatMount:
     def routes(self) -> list:
         return [Route("/health", self.health), WebSocketRoute("/v1/realtime", self.realtime),
                 WebSocketRoute("/v1/duplex", self.realtime), WebSocketRoute("/v1/voicechat", self.v3)]
+
+
+def _typed_input_synthesizer() -> Any:
+    """Pocket TTS for typed input when it is installed and loads; otherwise None (typed input unavailable)."""
+    if importlib.util.find_spec("pocket_tts") is None:
+        return None
+    from ..synth.pocket import PocketSynthesizer
+    from ..synth.port import SynthesizerUnavailable
+
+    synthesizer = PocketSynthesizer()
+    try:
+        synthesizer.load()
+    except SynthesizerUnavailable as exc:
+        log.warning("typed input unavailable: %s", exc)
+        return None
+    return synthesizer
 
 
 def install_for_serve(plugin: Any) -> bool:

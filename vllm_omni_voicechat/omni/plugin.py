@@ -17,6 +17,7 @@ resolution, and the function-result channel. Nothing is copied from vLLM-Omni; e
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 from collections.abc import Mapping
 from copy import deepcopy
@@ -243,7 +244,8 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
             supports_session_lease=True,
             supports_session_resume=True,
             supports_barge_in=True,
-            supports_text_only_turn=True,
+            # typed input needs a synthesizer on the engine: Pocket TTS (extra `pocket`)
+            supports_text_only_turn=importlib.util.find_spec("pocket_tts") is not None,
             optional_input_modalities=frozenset(),
         )
 
