@@ -243,6 +243,15 @@ class ApiLoop:
         self.thread.join(5)
 
 
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0, state: Callable[[], Any] = lambda: None) -> None:
+    """Wait for a condition the orchestrator thread establishes (its state has no event to await)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in time; state: {state()}")
+        time.sleep(0.005)  # ok: polls another thread's state, bounded by the deadline
+
+
 def voicechat_plugin():
     """Our plugin as vLLM-Omni would load it, with the fake checkpoint tokenizer (no weights here)."""
     from vllm_omni.entrypoints.duplex.audio_encoding import encode_audio

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import queue
-import time
 
 import pytest
 
@@ -16,14 +15,6 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or importlib.util.find_spec("vllm_omni") is None,
     reason="vllm_omni is not installed (create an omni venv with scripts/install_omni_cpu.sh)",
 )
-
-
-def wait_until(predicate, timeout_s: float = 30.0, state=lambda: None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met in time; state: {state()}")
-        time.sleep(0.005)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +56,8 @@ def fake():
 def test_each_append_is_one_stage0_submit_on_the_resumable_request_and_close_aborts(fake):
     from vllm_omni.engine.duplex.commands import AppendAudio
     from vllm_omni.entrypoints.duplex_omni import DuplexOmni
+
+    from .omni_fake_engine import wait_until
 
     engine, stage0 = fake.engine, fake.clients[0]
     config = DuplexOmni._resolve_session_config(

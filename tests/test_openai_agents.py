@@ -54,7 +54,6 @@ async def converse(url: str, utterances: list[str], *, turn_detection: dict | No
             pcm = speech_24k(text) + SILENCE_1S_24K
             for i in range(0, len(pcm), 4800):  # 100 ms chunks
                 await session.send_audio(pcm[i : i + 4800])
-            await asyncio.sleep(0)
         await asyncio.wait_for(consumer, 30)
     return events
 

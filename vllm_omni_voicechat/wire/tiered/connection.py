@@ -31,7 +31,7 @@ from ...session.core import SessionCore, Tick
 from ..transport import CloseTransport
 from . import parser as p
 from .audio import AudioFormatError, InputConverter
-from .journal import InvalidAck, Journal, Replay, ReplayConflict, ResyncRequired, ResumeCredential
+from .journal import InvalidAck, Journal, Replay, ReplayConflict, ResumeCredential, ResyncRequired, compact_json
 from .projector import TieredProjector, WireEvent, error_event
 from .schema import CLOSE_NORMAL, DISCONNECT_GRACE_S, MAX_PENDING_INPUT_BYTES, capabilities, close_code_for
 from .settings import SessionSettings, SettingsError, apply_update, default_settings, render_session
@@ -87,10 +87,6 @@ class ResumeOutcome:
 
 
 TieredOutput = Outbound | ev.Effect | CloseTransport
-
-
-def _dumps(event: dict) -> str:
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
 
 
 class TieredSession:
@@ -265,7 +261,7 @@ class TieredSession:
     def resume(self, request: p.SessionResume, now: float) -> ResumeOutcome:
         """Attach a new socket (§6.4); called synchronously by the server on the event loop."""
         def refuse(code: str, message: str) -> ResumeOutcome:
-            return ResumeOutcome(False, [Outbound(_dumps(self._stamp(error_event(code, message, event_id=request.event_id))))])
+            return ResumeOutcome(False, [Outbound(compact_json(self._stamp(error_event(code, message, event_id=request.event_id))))])
 
         if self.closed:
             return refuse("session_resume_expired", "the session has ended")
@@ -278,7 +274,7 @@ class TieredSession:
             return refuse("session_resume_conflict", f"cursor beyond the last event ({replay.head})")
         if isinstance(replay, ResyncRequired):
             event = {"type": "session.resync_required", "session_id": self.session_id, "reason": replay.reason}
-            return ResumeOutcome(False, [Outbound(_dumps(self._stamp(event)))])
+            return ResumeOutcome(False, [Outbound(compact_json(self._stamp(event)))])
         assert isinstance(replay, Replay)
         old_generation = self.credential.generation
         was_attached = self.detached_at is None
@@ -286,10 +282,10 @@ class TieredSession:
         resumed = self._stamp({"type": "session.resumed", "session_id": self.session_id,
                                "session": self._session_object(), "attachment_generation": self.credential.generation,
                                "resume_token": token})
-        outputs = [Outbound(_dumps(resumed))] + [Outbound(e.text, e.seq) for e in replay.entries]
+        outputs = [Outbound(compact_json(resumed))] + [Outbound(e.text, e.seq) for e in replay.entries]
         replaced = None
         if was_attached:
-            replaced = Outbound(_dumps(self._stamp({"type": "session.replaced", "session_id": self.session_id,
+            replaced = Outbound(compact_json(self._stamp({"type": "session.replaced", "session_id": self.session_id,
                                                     "attachment_generation": old_generation})))
         self.detached_at = None
         self.last_activity = now
@@ -531,7 +527,7 @@ class TieredSession:
             body["type"] = direct[e.event]
             if e.event_id is not None:
                 body.setdefault("event_id", e.event_id)
-            return self.receive(_dumps(body), now)
+            return self.receive(compact_json(body), now)
         if not self.tier3:
             return []
         return self._emit([{"type": "turn.event", "session_id": self.session_id, "event": e.event,
@@ -604,7 +600,7 @@ class TieredSession:
         if self.tier3:
             event["attachment_generation"] = 1
             event["resume_token"] = self.credential.issue()
-        return Outbound(_dumps(self._stamp(event)))
+        return Outbound(compact_json(self._stamp(event)))
 
     def _stamp(self, event: WireEvent) -> WireEvent:
         return {"type": event["type"], "event_id": f"event_{next(self._event_ids)}",
@@ -620,18 +616,18 @@ class TieredSession:
                 continue
             event = self._stamp(event)
             if event["type"] in _TRANSPORT_LEVEL:
-                out.append(Outbound(_dumps(event)))
+                out.append(Outbound(compact_json(event)))
                 continue
             if self.journal is not None:
                 recorded = self.journal.record(event, now)
                 if recorded.overflow_notice:
                     notice = self._stamp({"type": "session.resync_required", "session_id": self.session_id,
                                           "reason": "journal_overflow"})
-                    out.append(Outbound(_dumps(notice)))
+                    out.append(Outbound(compact_json(notice)))
                 out.append(Outbound(recorded.text, recorded.seq))
             else:
                 self._seq += 1
-                out.append(Outbound(_dumps({**event, "server_event_seq": self._seq}), self._seq))
+                out.append(Outbound(compact_json({**event, "server_event_seq": self._seq}), self._seq))
         return out
 
     def _project(self, outputs: list[ev.Output], now: float) -> list[TieredOutput]:

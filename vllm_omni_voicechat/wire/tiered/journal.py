@@ -60,7 +60,8 @@ class InvalidAck(ValueError):
     code = "invalid_event_ack"
 
 
-def _dumps(event: dict[str, Any]) -> str:
+def compact_json(event: dict[str, Any]) -> str:
+    """An event as sent and sized: compact JSON, UTF-8 kept."""
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -89,7 +90,7 @@ class Journal:
         """Stamp ``server_event_seq`` on ``event`` and retain it while the bounds allow."""
         self.prune(now)
         self.head += 1
-        text = _dumps({**event, "server_event_seq": self.head})
+        text = compact_json({**event, "server_event_seq": self.head})
         if self.overflowed:
             return Recorded(text, self.head)
         size = len(text.encode("utf-8", "surrogatepass"))
