@@ -1,6 +1,7 @@
 """``vllm-omni-voicechat``: serve the voicechat protocol on the embedded simulator model (``serve``, or
 ``serve sim``), or a real checkpoint through ``vllm-omni serve MODEL --omni`` with our deploy YAML (``serve MODEL
-[vllm-omni serve options]``, in an environment with vLLM-Omni installed)."""
+[vllm-omni serve options]``, in an environment with vLLM-Omni installed); ``talk`` plays WAV files or typed text
+to a running server and prints the transcript and timings."""
 
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--disconnect-grace-s", type=float, default=30.0, help="how long a dropped tiered session waits for session.resume")
     serve.add_argument("--warmup-positions", type=int, default=0, help="silent positions run before admitting clients")
     serve.add_argument("--log-level", default="info")
+    from .client import talk
+
+    talk.add_arguments(sub.add_parser("talk", help="play WAV files, simulator speech or typed text to a v3 server; "
+                                      "print the transcript and timings", description=talk.__doc__,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
 
 
@@ -45,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_omni(argv[1], argv[2:])
     args = build_parser().parse_args(argv)
+    if args.command == "talk":
+        from .client import talk
+
+        return talk.run(args)
     if args.model != "sim":
         from .omni.serve import main as serve_omni
 
