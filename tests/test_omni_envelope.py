@@ -10,7 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES, OUTPUT_FRAME_SAMPLES, SILENT_OUTPUT_FRAME
+from vllm_omni_voicechat.audio.frames import (
+    INPUT_FRAME_BYTES,
+    OUTPUT_FRAME_SAMPLES,
+    SILENT_OUTPUT_FRAME,
+)
 from vllm_omni_voicechat.model.port import PositionControls
 from vllm_omni_voicechat.omni.alignment import AudioAligner
 from vllm_omni_voicechat.omni.envelope import (
@@ -45,9 +49,9 @@ def test_controls_round_trip_through_the_envelope_except_reset():
 
 
 def test_step_evidence_round_trips_without_audio():
+    from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt
     from vllm_omni_voicechat.omni.envelope import decode_step, encode_evidence
     from vllm_omni_voicechat.sim.model import SimulatorModel
-    from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt
     from vllm_omni_voicechat.sim.speech import render_speech
 
     sim = SimulatorModel()
@@ -109,3 +113,42 @@ def test_start_forgets_and_reprimes():
     a.start()
     assert (a.ready, a.partial_samples, a.take()) == (1, 0, SILENT_OUTPUT_FRAME)
     assert a.take() is None
+
+
+def _sim_results():
+    from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt
+    from vllm_omni_voicechat.sim.model import SimulatorModel
+    from vllm_omni_voicechat.sim.speech import render_speech
+
+    sim = SimulatorModel()
+    sim.prefill(SessionPrompt("Be brief."))
+    frames = render_speech("hi") + bytes(2560 * 12)
+    return [sim.step(PositionInput(frames[i:i + 2560].ljust(2560, b"\0"), PositionControls(eou_now=i == 2560 * 14)))
+            for i in range(0, 2560 * 20, 2560)]
+
+
+def test_evidence_survives_the_engine_wire_in_every_form_it_can_arrive_in():
+    # vLLM-Omni's worker keeps only tensors in a step's multimodal output: the thinker sends JSON bytes as uint8.
+    from vllm_omni_voicechat.omni.envelope import (
+        decode_step,
+        encode_evidence,
+        evidence_to_wire,
+    )
+
+    results = _sim_results()
+    for r in results:
+        wire = evidence_to_wire(encode_evidence(r))
+        as_u8 = np.frombuffer(wire, np.uint8)
+        forms = (encode_evidence(r), wire, bytearray(wire), as_u8, as_u8.astype(np.int64), list(wire), [as_u8],
+                 np.concatenate([as_u8, np.zeros(3, np.uint8)]),  # trailing NULs of a padded buffer
+                 evidence_to_wire(encode_evidence(results[0])) + wire)  # an accumulated segment: the last step
+        for form in forms:
+            assert decode_step(form, r.audio, r.timings.inference_ms) == r
+
+
+@pytest.mark.parametrize("bad", [b"\xff\xfe", b"[1, 2]", b"{\"agent\": 1", np.array([1, 2], np.uint8), b"", b"{} x"])
+def test_malformed_evidence_bytes_are_an_envelope_error(bad):
+    from vllm_omni_voicechat.omni.envelope import decode_step
+
+    with pytest.raises(EnvelopeError):
+        decode_step(bad, SILENT_OUTPUT_FRAME, 0.0)

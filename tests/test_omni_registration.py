@@ -237,6 +237,13 @@ def test_deploy_yaml_is_the_in_tree_streaming_duplex_merge_plus_our_changes():
                                            warmup_frames=0),
         stages=[dataclasses.replace(s, max_num_seqs=sessions) for s in upstream.stages],
     )
+    # Stage 0 runs our thinker (RNNT evidence, controls) on the LLM's tokenizer, with room for the position guard
+    stage0 = expected.stages[0]
+    expected.stages[0] = dataclasses.replace(stage0, max_model_len=9216, engine_extras={
+        **stage0.engine_extras,
+        "model_arch": "VoiceChatRealtimeThinkerForConditionalGeneration",
+        "tokenizer": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+    })
     assert ours == expected
 
 

@@ -7,7 +7,8 @@ and the PCM conversions between our 16 kHz PCM16 frames / 22.05 kHz PCM16 packet
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -97,7 +98,7 @@ EVIDENCE_KEY = "vc_step"
 
 def encode_evidence(result: StepResult) -> dict:
     """A ``StepResult`` without its audio as plain data: the contract of our thinker's ``vc_step`` output key
-    (the fake engine emits it from the simulator; the real thinker lands with the real-model issue)."""
+    (the fake engine emits it from the simulator; our thinker, ``omni/thinker``, from the real model)."""
     return {
         "agent": {"control": result.agent.control.value, "token_id": result.agent.token_id, "delta": result.agent.delta},
         "rnnt": dataclasses.asdict(result.rnnt),
@@ -111,8 +112,43 @@ def encode_evidence(result: StepResult) -> dict:
     }
 
 
-def decode_step(evidence: dict, audio: bytes, inference_ms: float) -> StepResult:
-    """Our ``StepResult`` from a position's ``vc_step`` evidence and its aligned 80 ms audio packet (PCM16)."""
+def evidence_to_wire(evidence: dict) -> bytes:
+    """The ``vc_step`` value as it crosses the engine: compact UTF-8 JSON bytes. vLLM-Omni's worker keeps only
+    tensors in a step's multimodal output (``gpu_ar_model_runner._ensure_tensor_values`` drops a dict), so the
+    thinker ships these bytes as a ``uint8`` tensor."""
+    return json.dumps(evidence, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def evidence_from_wire(value: Any) -> dict:
+    """The evidence dict from whatever reached the Stage-0 output metadata: the dict itself (CPU fakes), the JSON
+    bytes, or a ``uint8`` tensor/array/list of them (a list of per-step values: the last one)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, list | tuple) and value and not isinstance(value[0], int | np.integer):
+        value = value[-1]
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+    else:
+        if hasattr(value, "detach"):  # a torch tensor, without importing torch here
+            value = value.detach().cpu().numpy()
+        data = np.asarray(value).astype(np.uint8).reshape(-1).tobytes()
+    try:
+        text = data.rstrip(b"\0").decode("utf-8")
+        # Several steps' bytes concatenated (an output path that accumulates a segment's tensors): the last wins.
+        decoder, end, out = json.JSONDecoder(), 0, None
+        while end < len(text):
+            out, end = decoder.raw_decode(text, end)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise EnvelopeError(f"malformed {EVIDENCE_KEY} evidence bytes: {exc}") from exc
+    if not isinstance(out, dict):
+        raise EnvelopeError(f"{EVIDENCE_KEY} evidence is not an object")
+    return out
+
+
+def decode_step(evidence: Any, audio: bytes, inference_ms: float) -> StepResult:
+    """Our ``StepResult`` from a position's ``vc_step`` evidence (any form :func:`evidence_from_wire` takes) and
+    its aligned 80 ms audio packet (PCM16)."""
+    evidence = evidence_from_wire(evidence)
     try:
         agent = evidence["agent"]
         boundary = evidence["boundary"]

@@ -53,6 +53,14 @@ def register() -> bool:
         logger.warning("vllm_omni failed to import; %s is not registered", PIPELINE_KEY, exc_info=True)
         return False
 
+    try:
+        # Our Stage-0 thinker architecture (the deploy YAML's stage 0 names it), in every process; idempotent.
+        from .thinker import register_architecture
+
+        register_architecture()
+    except Exception:
+        logger.warning("could not register the voicechat thinker architecture", exc_info=True)
+
     if PIPELINE_KEY in OMNI_PIPELINES:
         # Ours from an earlier call (the other group, a stage process re-run) or someone else's: leave it alone.
         return False

@@ -1,0 +1,457 @@
+"""Contract: our registered thinker class (tiny random modules of the real structure, no checkpoint) driven through
+vLLM-Omni's real orchestrator, our real plugin and ``OmniStage0Port`` by our session core.
+
+The thinker's hooks run exactly as vLLM-Omni's AR runner calls them (``preprocess`` -> backbone stand-in ->
+``make_omni_output`` -> ``compute_logits`` -> ``sample`` -> ``postprocess``), its multimodal output crosses the
+worker's tensor-only wire filter, and what the runtime receives is checked against the simulator's run of the same
+client turn. The "model" is scripted where a checkpoint would decide (the text/function heads' greedy choices);
+perception is a stand-in; the RNNT, the control application and every seam are the real code.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections import deque
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm_omni")
+
+import numpy as np
+from torch import nn
+
+from vllm_omni_voicechat.model.port import AgentControl, BoundaryPhase, PositionControls
+from vllm_omni_voicechat.omni.envelope import EVIDENCE_KEY, decode_step, encode_controls
+
+PAD, BOS, EOS, SOTC, EOTC, EOTR = 12, 1, 2, 20, 21, 22
+HID, VOCAB, E = 16, 2048, 4
+WORDS = {1000: "Hi", 1001: " there", 1002: ".", 1003: "<TOOLCALL>", 1004: '[{"name":"get_time",',
+         1005: '"arguments":{}}]', 1006: "</TOOLCALL>"}
+REPLY = (1000, 1001, 1002)
+CALL = (SOTC, 1003, 1004, 1005, 1006, EOTC)
+PIECES = ["<unk>", "\u2581he", "llo"]
+NAMES = {PAD: "<SPECIAL_12>", BOS: "<s>", EOS: "</s>", SOTC: "<SPECIAL_20>", EOTC: "<SPECIAL_21>", EOTR: "<SPECIAL_22>"}
+
+
+class Tokenizer:
+    """The LLM tokenizer fake (the engine loads the checkpoint's)."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(NAMES.get(i) or WORDS.get(i) or f"<{i}>" for i in ids)
+
+    def encode(self, text, add_special_tokens=False):
+        return [900 + ord(c) % 100 for c in text]
+
+
+class ScriptedHeads(nn.Module):
+    """Greedy choices a checkpoint would make: PAD while listening, then the reply after a BOS, then EOS."""
+
+    def __init__(self, *, calls_tool: bool = False) -> None:
+        super().__init__()
+        self.queue: deque[int] = deque()
+        self.speaking = False
+        self.calls_tool = calls_tool  # after BOS: the call on the function channel, the reply only after EOTR
+        self.call: deque[int] = deque()
+        self.result_in = False
+        self.forced_function: int | None = None
+
+    @property
+    def function_next(self) -> int:
+        if self.forced_function is not None:
+            return self.forced_function
+        return self.call[0] if self.speaking and self.call else PAD
+
+    @function_next.setter
+    def function_next(self, token: int) -> None:
+        self.forced_function = token
+
+    def text_next(self) -> int:
+        if not self.speaking or (self.calls_tool and not self.result_in):
+            return PAD
+        return self.queue[0] if self.queue else EOS
+
+    def observe_function(self, token: int) -> None:
+        if self.call and token == self.call[0]:
+            self.call.popleft()
+        elif token == EOTR:
+            self.result_in = True
+
+    def observe(self, token: int) -> None:
+        if token == BOS:
+            self.speaking, self.queue = True, deque(REPLY)
+            self.call = deque(CALL if self.calls_tool else ())
+        elif token == EOS:
+            self.speaking = False
+        elif self.queue and token == self.queue[0]:
+            self.queue.popleft()
+
+    @staticmethod
+    def one_hot(rows: int, token: int) -> torch.Tensor:
+        out = torch.zeros(rows, VOCAB)
+        out[:, token] = 1.0
+        return out
+
+
+def tiny_rnnt():
+    """Emits the piece "▁he" on frames with speech energy, blank on silence."""
+    from vllm_omni_voicechat.omni.thinker.rnnt import RnntModules
+
+    torch.manual_seed(0)
+    m = RnntModules(vocab_size=len(PIECES), pred_hidden=6, num_layers=2, enc_hidden=E, joint_hidden=5).eval()
+    with torch.no_grad():
+        for p in (m.enc.weight, m.enc.bias, m.pred.weight, m.pred.bias, m.out.weight, m.out.bias):
+            p.zero_()
+        m.enc.weight[0, 0], m.enc.bias[0] = 100.0, -1.0
+        m.out.weight[1, 0], m.out.bias[len(PIECES)] = 10.0, 1.0
+    return m
+
+
+def tiny_thinker(heads: ScriptedHeads):
+    from vllm_omni.model_executor.models.nemotron_voicechat.duplex.input import (
+        decode_pcm_f32le,
+    )
+
+    from vllm_omni_voicechat.omni.thinker.model import VoiceChatRealtimeThinker
+    from vllm_omni_voicechat.omni.thinker.rnnt import VocabFile
+
+    class LanguageModel(nn.Module):
+        def compute_logits(self, hidden):
+            return ScriptedHeads.one_hot(hidden.shape[0], heads.text_next())
+
+    class FunctionHead(nn.Module):
+        def forward(self, hidden):
+            return ScriptedHeads.one_hot(hidden.shape[0], heads.function_next)
+
+    class TinyThinker(VoiceChatRealtimeThinker):
+        def __init__(self) -> None:  # the engine's __init__ builds the 9 B model; the state it sets, tiny
+            nn.Module.__init__(self)
+            torch.manual_seed(1)
+            self._hidden, self._vocab, self._dtype = HID, VOCAB, torch.float32
+            self.embed_tokens = nn.Embedding(VOCAB, HID)
+            self.function_head = FunctionHead()
+            self.language_model = LanguageModel()
+            self._w_text, self._w_audio, self._w_func, self._use_function_head = 1.0, 1.0, 2.0, True
+            self._sessions, self._duplex_sampling_rows, self._duplex_previous_text_tokens = {}, {}, {}
+            self.stt_cfg = {}
+            self.projection = nn.Linear(E, HID)
+            self._init_voicechat(rnnt=tiny_rnnt(), rnnt_vocabulary=VocabFile(PIECES), llm_tokenizer=Tokenizer(),
+                                 rnnt_max_symbols=1)
+
+        def _duplex_stable_frame(self, session, duplex, device):
+            # Perception stand-in: the encoder frame is the frame's RMS (the real one captures the Conformer's).
+            if duplex["source_input_seq"] == session.get("last_input_seq"):
+                return session["duplex_frame"]
+            pcm = np.frombuffer(decode_pcm_f32le(duplex["payload"], exact_frame=True), "<f4")
+            encoder = torch.tensor([float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))), 1.0, 0.0, 0.0])
+            session["vc_encoder_frame"] = encoder
+            session["duplex_frame"] = self.projection(encoder).reshape(1, HID).detach()
+            session["last_input_seq"] = duplex["source_input_seq"]
+            return session["duplex_frame"]
+
+    return TinyThinker()
+
+
+class ThinkerStage0:
+    """Plays Stage 0 for the fake engine with the thinker, hook by hook as vLLM-Omni's AR runner does."""
+
+    def __init__(self) -> None:
+        from vllm_omni.worker.gpu_ar_model_runner import _ensure_tensor_values
+
+        self.heads = ScriptedHeads()
+        self.model = tiny_thinker(self.heads)
+        self.backbone = nn.Linear(HID, HID)
+        self.computed: dict[str, int] = {}
+        self.wire = _ensure_tensor_values
+        self.requests: list = []
+
+    def __call__(self, request):
+        from vllm_omni.model_executor.duplex_sampling import DuplexSamplingRow
+
+        rid, mib = request.request_id, request.model_intermediate_buffer
+        self.requests.append(request)
+        ids = torch.tensor(list(request.prompt_token_ids))
+        offset = self.computed.get(rid, 0)
+        self.computed[rid] = offset + len(ids)
+        info = {**mib, "_omni_num_computed_tokens": offset}
+        m = self.model
+        with torch.no_grad():
+            ids, embeds, _ = m.preprocess(ids, None, **info)
+            hidden = torch.tanh(self.backbone(embeds))
+            out = m.make_omni_output(hidden, model_intermediate_buffer=[info])
+            logits = m.compute_logits(hidden[-1:])
+            m.prepare_duplex_sampling(logits, None, (DuplexSamplingRow(0, rid, None, None, None, 1),))
+            token = int(m.sample(logits, None).sampled_token_ids[0, 0])
+            update = m.postprocess(hidden, request_id=rid)
+        self.heads.observe(token)
+        req = m._vc.get(rid)
+        if req is not None and req.function is not None:
+            self.heads.observe_function(req.function)
+        self.last_update = update
+        payload = self.wire({k: v[0] if isinstance(v, list) else v for k, v in out.multimodal_outputs.items()})
+        return token, payload, np.zeros(1764, np.float32)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from .omni_fake_engine import (
+        ApiLoop,
+        build_fake_engine,
+        simulator_respond,
+        voicechat_plugin,
+    )
+
+    api = ApiLoop()
+    built = {}
+    for name, respond in (("thinker", ThinkerStage0()), ("sim", simulator_respond())):
+        plugin = voicechat_plugin()
+        engine = build_fake_engine(plugin, max_sessions=2, respond=respond, audio_delay_s=0.002)
+        engine.plugin, engine.respond, engine.api = plugin, respond, api
+        built[name] = engine
+    yield built
+    api.close()
+
+
+class RecordingPort:
+    """``OmniStage0Port`` keeping the StepResults the runtime received."""
+
+    def __init__(self, engine) -> None:
+        from vllm_omni_voicechat.omni.port import OmniStage0Port
+
+        self.port = OmniStage0Port(engine.omni, engine.api.loop, engine.plugin.bus)
+        self.results: list = []
+        self.controls: list = []
+
+    def prefill(self, prompt):
+        self.port.prefill(prompt)
+
+    def step(self, position):
+        self.controls.append(position.controls)
+        result = self.port.step(position)
+        self.results.append(result)
+        return result
+
+    def abort(self):
+        self.port.abort()
+
+
+def client_turn(engine):
+    from vllm_omni_voicechat.model.port import SessionPrompt
+    from vllm_omni_voicechat.session.commands import (
+        AppendAudio,
+        CommitTurn,
+        Configure,
+        StartTurn,
+    )
+    from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
+    from vllm_omni_voicechat.shell.sync import SyncDriver
+    from vllm_omni_voicechat.sim.speech import render_speech
+
+    port = RecordingPort(engine)
+    d = SyncDriver(SessionCore(SessionConfig(session_id="S", settlement_blank_frames=3)), port)
+    d.send(Configure(SessionPrompt("Be brief.")))
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(render_speech("hello")))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    port.abort()
+    return d, port
+
+
+def test_a_client_turn_on_the_thinker_reaches_the_runtime_exactly_as_on_the_simulator(engines):
+    from vllm_omni_voicechat.session import events as ev
+
+    d, port = client_turn(engines["thinker"])
+    sim_d, sim_port = client_turn(engines["sim"])
+    # Same controls from the runtime (settlement to the fence, the fused EOU) on the same input ...
+    fence = next(i for i, r in enumerate(port.results) if r.eou_consumed)
+    assert fence == next(i for i, r in enumerate(sim_port.results) if r.eou_consumed)
+    assert port.controls[: fence + 1] == sim_port.controls[: fence + 1]
+    assert port.controls[fence].eou_at_fence == 3 and all(c.pre_eou for c in port.controls[fence - 2 : fence + 1])
+    assert [(r.rnnt.text_delta, r.rnnt.blank_count) for r in port.results[: fence + 1]] == [
+        ("he", 0), (" he", 0), ("", 1), ("", 2), ("", 3)]  # the RNNT heard both speech frames, then the fence
+    for results in (port.results, sim_port.results):  # ... and the same fused EOU/BOS position contract
+        r = results[fence]
+        assert (r.agent.control, r.boundary.started, r.fence_blank_count, r.rnnt.blank_count) == (
+            AgentControl.AGENT_BOS, True, 3, 3)
+    # The runtime's event sequence differs only in what was said.
+    def kinds(events):
+        skip = (ev.PositionMetrics, ev.AudioDelta, ev.TextDelta, ev.TranscriptDelta)
+        return [type(e).__name__ for e in events if not isinstance(e, skip)]
+
+    assert kinds(d.events) == kinds(sim_d.events)
+    assert [e.text for e in d.events if isinstance(e, ev.TextDone)] == ["Hi there."]
+    done = [e for e in d.events if isinstance(e, ev.ResponseDone)]
+    assert [(e.status, e.reason) for e in done] == [("completed", "post_eos_audio_silence")]
+    transcript = [e.transcript for e in d.events if isinstance(e, ev.TranscriptCompleted)]
+    assert len(transcript) == 1 and set(transcript[0].split()) == {"he"}
+    # Positions after BOS: the reply, the model's EOS, then the tail ends the response on the acoustic terminal.
+    after = port.results[fence + 1 :]
+    assert [r.agent.control for r in after[:4]] == [AgentControl.TEXT] * 3 + [AgentControl.AGENT_EOS]
+    assert [(r.boundary.phase, r.boundary.ended) for r in after[4:7]] == [
+        (BoundaryPhase.TAIL_DRAINING, False), (BoundaryPhase.TAIL_DRAINING, False), (BoundaryPhase.COMPLETE, True)]
+
+
+def test_evidence_crosses_the_worker_wire_filter_and_the_envelope_controls_reach_the_thinker(engines):
+    stage0 = engines["thinker"].respond
+    request = stage0.requests[-1]
+    vc = request.model_intermediate_buffer["duplex"]["vc"]
+    assert set(vc) >= {"v", "position", "eou_now", "eou_at_fence", "cancel_eou", "agent_eos", "force_text_pad",
+                       "pre_eou", "tool_result_token_ids", "tool_result_tokens"}
+    token, payload, _ = stage0(_next_request(request))
+    assert payload[EVIDENCE_KEY].dtype == torch.uint8  # a dict would have been dropped by the worker
+    result = decode_step(payload[EVIDENCE_KEY], b"", 0.0)
+    assert result.agent.token_id == token and result.rnnt.blank
+    assert int(stage0.last_update["nvc_prev_function_token"].reshape(-1)[0]) == PAD
+
+
+def _next_request(request, **controls):
+    """The next append on the same Stage-0 request, as the plugin would plan it."""
+    duplex = dict(request.model_intermediate_buffer["duplex"])
+    seq = int(duplex["source_input_seq"]) + 1
+    vc = encode_controls(PositionControls(**controls), position=duplex["vc"]["position"] + 1, synthetic=True,
+                         token_ids=lambda tokens: [])
+    duplex.update(seq=seq, source_input_seq=seq, vc=vc,
+                  payload={**duplex["payload"], "audio": base64.b64encode(bytes(1280 * 4)).decode()})
+    mib = {**request.model_intermediate_buffer, "duplex": duplex}
+    return dataclasses.replace(request, prompt_token_ids=[PAD], model_intermediate_buffer=mib) \
+        if dataclasses.is_dataclass(request) else _Req(request.request_id, [PAD], mib)
+
+
+@dataclasses.dataclass
+class _Req:
+    request_id: str
+    prompt_token_ids: list
+    model_intermediate_buffer: dict
+
+
+def test_tool_call_and_result_injection_through_the_hooks_then_state_is_dropped_with_the_request(engines):
+    stage0 = ThinkerStage0()  # a fresh thinker on a copy of a real first append
+    first = engines["thinker"].respond.requests[0]
+    rid = "duplex-s.test.e.0.r.stage0"
+    mib = {**first.model_intermediate_buffer, "request_id": rid}
+    duplex = dict(mib["duplex"])
+    duplex["vc"] = encode_controls(PositionControls(eou_now=True), position=0, synthetic=False,
+                                   token_ids=lambda t: [])
+    req = _Req(rid, list(first.prompt_token_ids), {**mib, "duplex": duplex})
+    token, payload, _ = stage0(req)
+    assert token == BOS and decode_step(payload[EVIDENCE_KEY], b"", 0.0).eou_consumed
+    stage0.heads.queue.clear()  # the model calls a tool instead of answering
+    results = []
+    for fn in (SOTC, 1000, EOTC):
+        stage0.heads.function_next = fn
+        req = _next_request(req)
+        token, payload, _ = stage0(req)
+        results.append(decode_step(payload[EVIDENCE_KEY], b"", 0.0))
+        # the effective function id feeds the next position's fusion
+        assert int(stage0.last_update["nvc_prev_function_token"].reshape(-1)[0]) == fn
+        assert stage0.model._sessions[rid]["func_token"] == fn
+    assert [r.function.token for r in results] == ["<SPECIAL_20>", "Hi", "<SPECIAL_21>"]
+    assert results[-1].function.awaiting_result and results[-1].tool_call is None  # "Hi" is not a call payload
+    stage0.heads.function_next = PAD
+    req = _next_request(req, tool_result_tokens=("ok",))  # strings only: the thinker tokenizes them
+    token, payload, _ = stage0(req)
+    r = decode_step(payload[EVIDENCE_KEY], b"", 0.0)
+    assert token == PAD and r.function.injecting and r.function.forced_tokens == 1
+    assert r.function.token == "<" + str(Tokenizer().encode("ok")[0]) + ">"
+    stage0.model.on_requests_finished({rid})  # abort / epoch end
+    assert rid not in stage0.model._vc and rid not in stage0.model._sessions
+
+
+def test_typed_input_reaches_the_thinker_unpaced_as_ordinary_model_positions(engines):
+    # Issue 7 item 4: synthesized PCM is forwarded as model positions (the runtime's typed path, commit 3c635a7
+    # made the engine's synthesizer Pocket TTS); the thinker hears it through the same RNNT/fence/EOU path.
+    from vllm_omni_voicechat.model.port import SessionPrompt
+    from vllm_omni_voicechat.session import events as ev
+    from vllm_omni_voicechat.session.commands import Configure, RequestTypedInput
+    from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
+    from vllm_omni_voicechat.shell.sync import SyncDriver
+    from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
+
+    port = RecordingPort(engines["thinker"])
+    d = SyncDriver(SessionCore(SessionConfig(session_id="T", settlement_blank_frames=3)), port,
+                   synthesizer=SimulatorSynthesizer())
+    d.send(Configure(SessionPrompt("Be brief.")))
+    d.send(RequestTypedInput("j1", "hello"))
+    d.run()
+    port.abort()
+    kinds = [e.kind for e in d.events if isinstance(e, ev.PositionMetrics) and e.frame is not None]
+    typed = kinds.count("typed")
+    assert typed >= 2 and kinds[:typed] == ["typed"] * typed and "settlement" in kinds
+    assert [r.rnnt.text_delta for r in port.results[:2]] == ["he", " he"]
+    done = [e for e in d.events if isinstance(e, ev.TranscriptCompleted)]
+    assert [(e.source, e.job_id) for e in done] == [("typed", "j1")] and set(done[0].transcript.split()) == {"he"}
+    assert [e.text for e in d.events if isinstance(e, ev.TextDone)] == ["Hi there."]
+    assert [e.status for e in d.events if isinstance(e, ev.ResponseDone)] == ["completed"]
+
+
+def test_a_tool_call_through_the_runtime_is_published_its_result_injected_and_then_answered():
+    from vllm_omni_voicechat.model.port import SessionPrompt, ToolSpec
+    from vllm_omni_voicechat.session import events as ev
+    from vllm_omni_voicechat.session.commands import (
+        AppendAudio,
+        CommitTurn,
+        Configure,
+        StartTurn,
+        SubmitFunctionOutput,
+    )
+    from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
+    from vllm_omni_voicechat.shell.sync import SyncDriver
+    from vllm_omni_voicechat.sim.speech import render_speech
+
+    from .omni_fake_engine import ApiLoop, build_fake_engine, voicechat_plugin
+
+    stage0 = ThinkerStage0()
+    stage0.heads.calls_tool = True
+    api, plugin = ApiLoop(), voicechat_plugin()
+    engine = build_fake_engine(plugin, max_sessions=1, respond=stage0, audio_delay_s=0.002)
+    engine.plugin, engine.api = plugin, api
+    try:
+        port = RecordingPort(engine)
+        d = SyncDriver(SessionCore(SessionConfig(session_id="F", settlement_blank_frames=3)), port)
+        d.send(Configure(SessionPrompt("Be brief.", (ToolSpec("get_time", "The time."),))))
+        d.send(StartTurn(1, "s1"))
+        d.send(AppendAudio(render_speech("hello")))
+        d.send(CommitTurn(1, "c1"))
+        answered = False
+        for _ in range(400):
+            calls = [e for e in d.events if isinstance(e, ev.FunctionCallPublished)]
+            if calls and not answered:
+                answered = True
+                d.send(SubmitFunctionOutput(calls[0].call_id, '{"time":"12:34"}', client_event_id="out-1"))
+            before = d.positions
+            d.run(max_positions=1)
+            if d.positions == before:
+                break
+        port.abort()
+    finally:
+        api.close()
+    assert [(e.name, e.arguments) for e in d.events if isinstance(e, ev.FunctionCallPublished)] == [("get_time", "{}")]
+    assert [type(e).__name__ for e in d.events if isinstance(e, ev.FunctionOutputApplied)] == ["FunctionOutputApplied"]
+    assert [e.text for e in d.events if isinstance(e, ev.TextDone)] == ["Hi there."]
+    assert [e.status for e in d.events if isinstance(e, ev.ResponseDone)] == ["completed"]
+    # With tools the EOU is its own position (not fused); then the call, the injected result, EOTR, the answer.
+    eou = next(i for i, r in enumerate(port.results) if r.eou_consumed)
+    assert port.controls[eou].eou_now and port.results[eou].fence_blank_count is None
+    tokens = [r.function.token for r in port.results[eou + 1 :] if r.function.token]
+    assert tokens[:6] == ["<SPECIAL_20>", "<TOOLCALL>", '[{"name":"get_time",', '"arguments":{}}]', "</TOOLCALL>",
+                          "<SPECIAL_21>"]
+    assert tokens[-1] == "<SPECIAL_22>" and len(tokens) == 6 + len(Tokenizer().encode(
+        '<TOOL_RESPONSE>[{"time":"12:34"}]</TOOL_RESPONSE>')) + 1
+    injected = [r for r in port.results if r.function.injecting or r.function.awaiting_eotr]
+    assert all(r.agent.control is AgentControl.PAD for r in injected)  # the text channel is held meanwhile
+
+
+def test_a_re_entered_position_is_not_stepped_twice(engines):
+    stage0 = ThinkerStage0()
+    first = engines["thinker"].respond.requests[0]
+    rid = "duplex-s.reentry.e.0.r.stage0"
+    req = _Req(rid, list(first.prompt_token_ids), {**first.model_intermediate_buffer, "request_id": rid})
+    stage0(req)
+    state = stage0.model._vc[rid]
+    positions = (state.session.positions, state.rnnt.positions)
+    info = {**req.model_intermediate_buffer, "_omni_num_computed_tokens": 0}  # the runner recomputes position 0
+    with torch.no_grad():
+        stage0.model.preprocess(torch.tensor(req.prompt_token_ids), None, **info)
+    assert (state.session.positions, state.rnnt.positions) == positions and not state.pending
