@@ -1,0 +1,106 @@
+"""Smoke runs of the capacity and overhead benchmarks (benchmarks/) at tiny sizes: each runs, writes its JSON with
+the documented keys and a PNG plot, and prints its one-line summary. Figures are not asserted (benchmarks are
+not timed tests); only that they were measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(autouse=True)
+def _bench_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+
+
+def _measured(summary: dict) -> None:
+    assert summary["count"] > 0 and summary["p50_us"] > 0 and summary["p99_us"] >= summary["p50_us"]
+
+
+def test_server_overhead_smoke(tmp_path, capsys):
+    import server_overhead
+
+    out = tmp_path / "so.json"
+    assert server_overhead.main(["--quick", "--sessions", "1", "3", "--ticks", "80", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "server_overhead"
+    assert [(r["dialect"], r["sessions"]) for r in report["levels"]] == [("v3", 1), ("v3", 3), ("tiered", 1),
+                                                                          ("tiered", 3)]
+    for r in report["levels"]:
+        assert {"overhead_per_position", "model_step_mean_us", "server_work_per_tick_excl_model", "positions",
+                "client", "closed_sessions", "cpu_share"} <= set(r)
+        _measured(r["overhead_per_position"])
+        assert r["positions"] >= r["ticks"] * r["sessions"] * 0.5
+        assert r["closed_sessions"] == 0 and r["client"]["responses_done"] > 0
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert capsys.readouterr().out.startswith("server overhead per 80 ms position (model excluded): v3@1: p50 ")
+
+
+def test_memory_smoke(tmp_path):
+    out = tmp_path / "mem.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "memory.py"), "--quick", "--sessions", "2", "--trace-sessions",
+                           "2", "--seconds", "2", "--journal-seconds", "3", "--out", str(out)],
+                          check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert [r["dialect"] for r in report["per_session"]] == ["v3", "tiered"]
+    for r in report["per_session"]:
+        assert {"rss_bytes_per_session", "traced_bytes_per_session", "top_sites", "alive"} <= set(r)
+        assert r["traced_bytes_per_session"] > 0 and r["alive"] == 2
+    j = report["journal"]
+    assert j["journal_bytes_per_minute_of_audio"] > 0 and j["retained_bytes_per_session_acking_client"] == 0
+    assert j["retained_bytes_per_session_no_acks"] > 0 and j["sessions_overflowed"] == 0
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert proc.stdout.strip().splitlines()[-1].startswith("memory per session: v3 ")
+
+
+def test_capacity_smoke(tmp_path):
+    out = tmp_path / "cap.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "capacity.py"), "--quick", "--start", "1", "--max-trials", "1",
+                           "--seconds", "1.5", "--out", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert {"max_realtime_sessions", "at_max", "trials", "parameters"} <= set(report)
+    (trial,) = report["trials"]
+    assert {"sessions", "passed", "positions", "late_positions", "late_reasons", "input_to_metrics_lag",
+            "server_step", "client_limited", "server_cpu_cores", "server_rss_per_session_bytes"} <= set(trial)
+    assert trial["sessions"] == 1 and trial["positions"] > 0 and trial["error_count"] == 0
+    assert trial["frames_accounted"] == trial["frames_sent"]
+    _measured(trial["input_to_metrics_lag"])
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert proc.stdout.strip().splitlines()[-1].startswith("capacity: ")
+
+
+def test_run_all_skips_the_omni_ratio_with_a_message_when_no_interpreter_has_vllm_omni(monkeypatch, tmp_path):
+    import run_all
+
+    monkeypatch.setattr(run_all, "OMNI_CANDIDATES", (tmp_path / "missing" / "python",))
+    monkeypatch.setattr(run_all, "has_vllm_omni", lambda python: False)
+    monkeypatch.delenv("VOICECHAT_OMNI_PYTHON", raising=False)
+    python, why = run_all.find_omni_python(None)
+    assert python is None
+    assert why.startswith("no interpreter with vllm_omni: ") and "(missing)" in why and "(no vllm_omni)" in why
+
+
+def test_omni_runner_ratio_smoke(tmp_path, capsys):
+    pytest.importorskip("vllm_omni")
+    import omni_runner_ratio
+
+    out = tmp_path / "ratio.json"
+    assert omni_runner_ratio.main(["--sessions", "2", "--seconds", "3", "--repeats", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    (level,) = report["levels"]
+    assert level["sessions"] == 2 and level["ratio"] > 0
+    for stack in ("ours", "vllm_omni_runner"):
+        r = level[stack]
+        assert {"positions", "cpu_s", "model_s", "overhead_per_position_us", "events", "responses"} <= set(r)
+        assert r["positions"] >= 30 and r["overhead_per_position_us"] > 0 and r["responses"] >= 2
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(
+        "vLLM-Omni runner / ours (CPU per position, model excluded): 2 sessions: ours ")
