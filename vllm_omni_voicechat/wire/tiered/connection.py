@@ -38,6 +38,8 @@ from .settings import SessionSettings, SettingsError, apply_update, default_sett
 
 # Not journaled: they carry or precede the attachment's own credential (§3.7).
 _TRANSPORT_LEVEL = frozenset({"session.created", "session.resumed", "session.replaced", "session.resync_required"})
+# What may precede session.created (everything else raised during the first prefill waits for it).
+_BEFORE_CREATED = frozenset({"error", "session.closed", "session.expired", "session.resync_required"})
 _TIER3 = frozenset({
     "session.heartbeat_ack", "session.closed", "session.resumed", "session.replaced", "session.expired",
     "session.resync_required", "response.speak", "response.listen", "duplex.function_call.done",
@@ -130,6 +132,7 @@ class TieredSession:
         self._heard_ms = 0
         self._autostart_prefill = False
         self._awaiting_create = False
+        self._before_created: list[WireEvent] = []  # session events raised while the first prefill runs
 
     def _new_projector(self) -> TieredProjector:
         s = self.settings
@@ -183,7 +186,7 @@ class TieredSession:
             out = [] if self._created else [self._session_created()]
             out += self._configure(self.settings.prompt, None, now, ack=False)
         if isinstance(parsed, p.ParseError):
-            return out + [self._error(parsed.code, parsed.message, parsed.event_id, parsed.param, now)]
+            return out + self._error(parsed.code, parsed.message, parsed.event_id, parsed.param, now)
         return out + _HANDLERS[type(parsed)](self, parsed, now)
 
     def poll(self, now: float) -> Tick:
@@ -306,7 +309,7 @@ class TieredSession:
         result = apply_update(self.settings, e.session, prompt_locked=self.core.settings_locked,
                               audio_started=self._audio_out)
         if isinstance(result, SettingsError):
-            return [self._error(result.code, result.message, e.event_id, result.param, now)]
+            return self._error(result.code, result.message, e.event_id, result.param, now)
         self._apply_settings(result)
         if result.prompt != self._requested_prompt:
             return self._configure(result.prompt, e.event_id, now, ack=True)
@@ -330,7 +333,7 @@ class TieredSession:
         try:
             self.journal.acknowledge(e.server_event_seq)
         except InvalidAck as exc:
-            return [self._error("invalid_event_ack", str(exc), e.event_id, "server_event_seq", now)]
+            return self._error("invalid_event_ack", str(exc), e.event_id, "server_event_seq", now)
         return []
 
     def _close(self, e: p.SessionClose, now: float) -> list[TieredOutput]:
@@ -338,8 +341,8 @@ class TieredSession:
         return self._project(self.core.receive(Stop(e.event_id), now), now)
 
     def _resume_late(self, e: p.SessionResume, now: float) -> list[TieredOutput]:
-        return [self._error("unsupported_session_resume", "session.resume is only valid as the first message",
-                            e.event_id, None, now)]
+        return self._error("unsupported_session_resume", "session.resume is only valid as the first message",
+                            e.event_id, None, now)
 
     def _append(self, e: p.InputAudioBufferAppend, now: float) -> list[TieredOutput]:
         if e.audio is None:
@@ -351,7 +354,7 @@ class TieredSession:
                 self._converter = InputConverter(fmt, rate)
             pcm = self._converter.feed(e.audio)
         except AudioFormatError as exc:
-            return [self._error(exc.code, str(exc), e.event_id, exc.param, now)]
+            return self._error(exc.code, str(exc), e.event_id, exc.param, now)
         self._uncommitted += len(e.audio)
         if not pcm:
             return []
@@ -359,8 +362,8 @@ class TieredSession:
         if not self.core.configured:
             # OpenAI clients stream right after connecting: hold audio until the prompt is prefilled.
             if self._pending_bytes + len(pcm) > self.options.max_pending_input_bytes:
-                return [self._error("input_backpressure", "too much audio before the session was ready",
-                                    e.event_id, None, now)]
+                return self._error("input_backpressure", "too much audio before the session was ready",
+                                    e.event_id, None, now)
             self._pending_input.append(command)
             self._pending_bytes += len(pcm)
             return []
@@ -376,7 +379,7 @@ class TieredSession:
         if not self._uncommitted and not self.core.microphone_turn_open:
             if self.core.last_turn_outcome == "eou":
                 return []  # the model-owned EOU already took this audio
-            return [self._error("input_audio_buffer_empty", "no audio to commit", e.event_id, None, now)]
+            return self._error("input_audio_buffer_empty", "no audio to commit", e.event_id, None, now)
         self._uncommitted = 0
         out: list[TieredOutput] = []
         tail = self._converter.flush()
@@ -417,7 +420,7 @@ class TieredSession:
         if kind == "function_call_output":
             return self._function_output(e, now)
         if kind != "message":
-            return [self._error("bad_event", f"unsupported item type {kind!r}", e.event_id, "item.type", now)]
+            return self._error("bad_event", f"unsupported item type {kind!r}", e.event_id, "item.type", now)
         role = item.get("role", "user")
         content = item.get("content") if isinstance(item.get("content"), list) else []
         texts = [c.get("text") for c in content if isinstance(c, dict) and c.get("type") in ("input_text", "text")]
@@ -434,11 +437,11 @@ class TieredSession:
         item = e.item
         call_id, output = item.get("call_id"), item.get("output")
         if call_id not in self._published_calls or call_id in self._answered_calls:
-            return [self._error("invalid_function_call_output", f"no pending function call {call_id!r}",
-                                e.event_id, "item.call_id", now)]
+            return self._error("invalid_function_call_output", f"no pending function call {call_id!r}",
+                                e.event_id, "item.call_id", now)
         if not isinstance(output, str):
-            return [self._error("invalid_function_call_output", "output must be a string", e.event_id,
-                                "item.output", now)]
+            return self._error("invalid_function_call_output", "output must be a string", e.event_id,
+                                "item.output", now)
         raw = self.core.receive(SubmitFunctionOutput(call_id, output, client_event_id=e.event_id), now)
         if any(isinstance(o, ev.Error) for o in raw):
             return self._project(raw, now)
@@ -455,20 +458,20 @@ class TieredSession:
     def _retrieve(self, e: p.ConversationItemRetrieve, now: float) -> list[TieredOutput]:
         item = self.projector.items.get(e.item_id)
         if item is None:
-            return [self._error("item_not_found", f"no item {e.item_id!r}", e.event_id, "item_id", now)]
+            return self._error("item_not_found", f"no item {e.item_id!r}", e.event_id, "item_id", now)
         return self._emit([{"type": "conversation.item.retrieved", "item": item}], now)
 
     def _delete(self, e: p.ConversationItemDelete, now: float) -> list[TieredOutput]:
         if not self.projector.items.delete(e.item_id):
-            return [self._error("item_not_found", f"no item {e.item_id!r}", e.event_id, "item_id", now)]
+            return self._error("item_not_found", f"no item {e.item_id!r}", e.event_id, "item_id", now)
         return self._emit([{"type": "conversation.item.deleted", "item_id": e.item_id}], now)
 
     def _truncate(self, e: p.ConversationItemTruncate, now: float) -> list[TieredOutput]:
         if e.item_id not in self.projector.items:
-            return [self._error("item_not_found", f"no item {e.item_id!r}", e.event_id, "item_id", now)]
+            return self._error("item_not_found", f"no item {e.item_id!r}", e.event_id, "item_id", now)
         r = self.projector.response_for_item(e.item_id)
         if r is None:
-            return [self._error("bad_event", "only assistant audio items can be truncated", e.event_id, "item_id", now)]
+            return self._error("bad_event", "only assistant audio items can be truncated", e.event_id, "item_id", now)
         end = r.ledger.truncate(e.audio_end_ms)
         self.projector.refresh_history(r)
         event: WireEvent = {"type": "conversation.item.truncated", "item_id": e.item_id,
@@ -489,16 +492,16 @@ class TieredSession:
         if self.projector.pending_create or self.core.cycle is not None:
             return []  # answered by the post-tool response B
         if self.projector.active is not None:
-            return [self._error("response_already_active", "a response is in progress", e.event_id, None, now)]
-        return [self._error("response_create_without_input", "nothing to respond to: commit audio or add text first",
-                            e.event_id, None, now)]
+            return self._error("response_already_active", "a response is in progress", e.event_id, None, now)
+        return self._error("response_create_without_input", "nothing to respond to: commit audio or add text first",
+                            e.event_id, None, now)
 
     def _response_cancel(self, e: p.ResponseCancel, now: float) -> list[TieredOutput]:
         active = self.projector.active
         if active is None or (e.response_id is not None and e.response_id != active.id):
             if e.response_id is not None and e.response_id in self.projector.responses:
                 return []  # a finished or fenced response: benign
-            return [self._error("response_not_active", "no response is in progress", e.event_id, "response_id", now)]
+            return self._error("response_not_active", "no response is in progress", e.event_id, "response_id", now)
         return self._cancel("client_cancelled", now)
 
     def _output_clear(self, e: p.OutputAudioBufferClear, now: float) -> list[TieredOutput]:
@@ -536,22 +539,22 @@ class TieredSession:
     def _playback_ack(self, e: p.PlaybackAck, now: float) -> list[TieredOutput]:
         proj = self.projector
         if e.item_id is not None and e.response_id is not None and e.item_id != f"item_{e.response_id}":
-            return [self._error("playback_item_mismatch", "item_id does not belong to response_id", e.event_id,
-                                "item_id", now)]
+            return self._error("playback_item_mismatch", "item_id does not belong to response_id", e.event_id,
+                                "item_id", now)
         rid = e.response_id
         if rid is None and e.item_id is not None:
             r0 = proj.response_for_item(e.item_id)
             rid = r0.id if r0 else None
             if rid is None:
-                return [self._error("playback_item_not_found", f"no response item {e.item_id!r}", e.event_id,
-                                    "item_id", now)]
+                return self._error("playback_item_not_found", f"no response item {e.item_id!r}", e.event_id,
+                                    "item_id", now)
         if rid is None:
             pending = [r for r in proj.responses.values() if r.ledger.unplayed]
             target = pending[0] if len(pending) == 1 else (proj.active or proj.last)
         else:
             target = proj.responses.get(rid)
         if target is None:
-            return [self._error("playback_item_not_found", f"no response {rid!r}", e.event_id, "response_id", now)]
+            return self._error("playback_item_not_found", f"no response {rid!r}", e.event_id, "response_id", now)
         stale = target.status == "cancelled" or target.superseded or (target.done and target.epoch != proj.epoch)
         before = proj.history_text(target)
         if not stale:
@@ -606,13 +609,18 @@ class TieredSession:
         return {"type": event["type"], "event_id": f"event_{next(self._event_ids)}",
                 **{k: v for k, v in event.items() if k != "type"}}
 
-    def _error(self, code: str, message: str, event_id: Any, param: str | None, now: float) -> Outbound:
-        return self._emit([error_event(code, message, event_id=event_id, param=param)], now)[0]  # type: ignore[return-value]
+    def _error(self, code: str, message: str, event_id: Any, param: str | None, now: float) -> list[TieredOutput]:
+        # a list: the error may come with a journal-overflow notice, and both must go out
+        return self._emit([error_event(code, message, event_id=event_id, param=param)], now)
 
     def _emit(self, events: list[WireEvent], now: float) -> list[TieredOutput]:
         out: list[TieredOutput] = []
         for event in events:
             if not self.tier3 and event["type"] in _TIER3:
+                continue
+            if not self._created and event["type"] not in _BEFORE_CREATED:
+                # session.created comes first (§1.3): hold what a client event raised during the first prefill
+                self._before_created.append(event)
                 continue
             event = self._stamp(event)
             if event["type"] in _TRANSPORT_LEVEL:
@@ -677,6 +685,8 @@ class TieredSession:
         if not self._created:
             out.append(self._session_created())
             out += self._emit([self._session_event("session.updated")], now)
+            held, self._before_created = self._before_created, []
+            out += self._emit(held, now)
         elif ack:
             out += self._emit([self._session_event("session.updated")], now)
         pending, self._pending_input, self._pending_bytes = self._pending_input, [], 0

@@ -62,7 +62,13 @@ class InvalidAck(ValueError):
 
 def compact_json(event: dict[str, Any]) -> str:
     """An event as sent and sized: compact JSON, UTF-8 kept."""
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate echoed from a client's JSON escape: keep it escaped
+            text = json.dumps(event, separators=(",", ":"))
+    return text
 
 
 class Journal:

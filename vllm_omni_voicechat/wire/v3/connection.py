@@ -97,7 +97,7 @@ class V3Session:
             return [self._error("binary_audio_unsupported", "binary frames are not supported; send JSON text")]
         try:
             msg = json.loads(message)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: hostile nesting depth
             return [self._error("invalid_json", f"invalid JSON: {exc}")]
         if not isinstance(msg, dict):
             return [self._error("invalid_event", "a client event must be a JSON object")]
