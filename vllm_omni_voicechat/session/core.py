@@ -255,13 +255,15 @@ class SessionCore:
 
     @property
     def idle(self) -> bool:
-        """Nothing queued, in flight or open: the model is merely listening."""
+        """Nothing queued, in flight or open, and no function-channel work (a call staged on the EOU position
+        surfaces only on the positions after it): the model is merely listening."""
         return (
             not self._queue
             and self._proc is None
             and self.runner.in_flight is None
             and self.response is None
             and self._typed is None
+            and not self._model_busy
         )
 
     def receive(self, command: Command, now: float) -> list[Output]:
