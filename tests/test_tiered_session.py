@@ -1058,3 +1058,55 @@ def test_g711_output_is_encoded_at_8_khz(tiered):
     pcm = ulaw_decode(output_pcm(turn))
     ledger = one(turn, "response.done")["response"]["metadata"]["playback"]
     assert abs(len(pcm) / 8 - ledger["sent_ms"]) <= 1  # one byte per sample; sent_ms counts what went out
+
+
+def test_a_commit_sent_while_the_first_prefill_runs_waits_for_it_and_gets_its_response():
+    """An OpenAI client that streams and commits before the autostart prefill is done (its session.update left the
+    prompt as it was, so session.updated came at once): the commit waits with the audio instead of failing with
+    session_not_configured and leaving the held audio without a turn."""
+    from vllm_omni_voicechat.session.core import SessionCore
+    from vllm_omni_voicechat.session.events import Prefill
+    from vllm_omni_voicechat.sim.model import SimulatorModel
+    from vllm_omni_voicechat.wire.tiered.connection import TieredSession
+
+    from .tiered_harness import tiered_core_config
+
+    s = TieredSession(SessionCore(tiered_core_config()), TieredOptions(lane="openai", model="sim", autostart=True))
+    model = SimulatorModel()
+    wire: list[dict] = [o.json() for o in s.start(0.0) if isinstance(o, Outbound)]
+    tick = s.poll(0.0)
+    prefills = [o for o in tick.outputs if isinstance(o, Prefill)]
+    assert len(prefills) == 1 and tick.position is None
+
+    def send(event: dict, now: float) -> None:
+        out = s.receive(json.dumps(event), now)
+        wire.extend(o.json() for o in out if isinstance(o, Outbound))
+
+    send({"type": "session.update", "session": {"type": "realtime"}}, 0.01)
+    pcm = render_speech("hello") + SILENCE_FRAME * 3
+    for i in range(0, len(pcm), 2560):
+        audio = base64.b64encode(pcm[i:i + 2560]).decode()
+        send({"type": "input_audio_buffer.append", "audio": audio, "sample_rate_hz": 16_000}, 0.02)
+    send({"type": "input_audio_buffer.commit", "event_id": "c1"}, 0.03)
+    assert [e for e in wire if e["type"] == "error"] == []
+
+    model.prefill(prefills[0].prompt)
+    now = 0.5
+    wire.extend(o.json() for o in s.prefilled(now) if isinstance(o, Outbound))
+    for _ in range(2000):
+        tick = s.poll(now)
+        wire.extend(o.json() for o in tick.outputs if isinstance(o, Outbound))
+        if any(e["type"] == "response.done" for e in wire):
+            break
+        if tick.position is not None:
+            result = model.step(tick.position.input)
+            now += 0.01
+            wire.extend(o.json() for o in s.complete(tick.position, result, now) if isinstance(o, Outbound))
+        elif tick.wake_at is not None:
+            now = max(now, tick.wake_at)
+    kinds = types(wire)
+    assert "error" not in kinds
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created") < kinds.index(
+        "response.done")
+    transcript = "".join(e["delta"] for e in wire if e["type"] == "response.output_audio_transcript.delta")
+    assert transcript == "You said: hello."

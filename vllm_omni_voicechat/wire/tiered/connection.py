@@ -384,10 +384,11 @@ class TieredSession:
         out: list[TieredOutput] = []
         tail = self._converter.flush()
         if tail:
-            out += self._project(self.core.receive(AppendAudio(tail, e.event_id), now), now)
+            out += self._submit(AppendAudio(tail, e.event_id), now)
         respond = self.settings.auto_response
         self._awaiting_create = not respond  # auto_response:false: response.create fires the held EOU
-        out += self._project(self.core.receive(CommitInput(e.event_id, respond=respond), now), now)
+        # Before the first prefill is done the commit waits behind the audio it commits.
+        out += self._submit(CommitInput(e.event_id, respond=respond), now)
         return out
 
     def _clear(self, e: p.InputAudioBufferClear, now: float) -> list[TieredOutput]:
