@@ -53,6 +53,9 @@ def register() -> bool:
         logger.warning("vllm_omni failed to import; %s is not registered", PIPELINE_KEY, exc_info=True)
         return False
 
+    from .bench import register_bench_backend
+
+    register_bench_backend()  # `vllm-omni bench serve --backend voicechat`; a no-op outside vLLM-Omni's CLI
     try:
         # Our Stage-0 thinker architecture (the deploy YAML's stage 0 names it), in every process; idempotent.
         from .thinker import register_architecture
