@@ -14,6 +14,7 @@ import json
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from starlette.websockets import WebSocket
 
 from ..session.core import SessionConfig, SessionCore
 from ..shell.aio import SessionShell
+from ..trace.tap import tap_socket
 from ..wire.tiered import parser as tiered_parser
 from ..wire.tiered.connection import Detached, Outbound, TieredOptions, TieredSession
 from ..wire.tiered.projector import error_event
@@ -41,39 +43,240 @@ log = logging.getLogger("vllm_omni_voicechat.server")
 
 
 def _dumps(event: dict[str, Any]) -> str:
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate echoed from a client's JSON escape: keep it escaped
+            text = json.dumps(event, separators=(",", ":"))
+    return text
+
+
+def _text_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def asgi_transport(websocket: WebSocket) -> Any:
+    """The asyncio transport under a Starlette WebSocket, or None. ASGI has no abort, and a graceful close waits
+    on a reader that may never read, so the server reaches uvicorn's protocol object (whose ``send`` middleware
+    may have wrapped in closures)."""
+    todo, seen = [websocket._send], 0
+    while todo and seen < 16:
+        fn = todo.pop()
+        seen += 1
+        transport = getattr(getattr(fn, "__self__", None), "transport", None)
+        if transport is not None and hasattr(transport, "abort"):
+            return transport
+        for cell in getattr(fn, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                if callable(cell.cell_contents):
+                    todo.append(cell.cell_contents)
+    return None
+
+
+def _abort_transport(websocket: WebSocket) -> None:
+    """Drop the TCP connection at once (RST)."""
+    transport = asgi_transport(websocket)
+    if transport is not None:
+        transport.abort()
+
+
+class _Outbox:
+    """One socket's bounded outbound queue and its writer task (docs/reliability.md, "Backpressure").
+
+    Sessions hand events over without waiting on the network, so a slow reader never stalls a session's model
+    clock. Events queued or being written count against ``max_bytes``/``max_events``; the first event that would
+    exceed either is not queued and ``on_overflow`` runs once (the owner's policy). ``on_gone`` runs when a write
+    fails (the client left)."""
+
+    def __init__(self, websocket: WebSocket, config: ServerConfig, *, on_overflow: Callable[[], None],
+                 on_gone: Callable[[], None]) -> None:
+        self.websocket = websocket
+        self.max_bytes = config.max_outbound_bytes
+        self.max_events = config.max_outbound_events
+        self.close_timeout_s = config.outbound_close_timeout_s
+        self._on_overflow = on_overflow
+        self._on_gone = on_gone
+        self._queue: deque[tuple[str, int, bool]] = deque()  # (text, size, forced)
+        self.queued_bytes = 0
+        self._forced_bytes = 0  # forced events (a replay, a fatal error) do not count against the bounds
+        self._forced_events = 0
+        self.peak_bytes = 0
+        self.peak_events = 0
+        self.sent_events = 0
+        self.overflowed = False
+        self.gone = False
+        self._closing: tuple[int, str] | None = None
+        self._wake = asyncio.Event()
+        self._progress = 0
+        self._task = asyncio.create_task(self._write())
+
+    @property
+    def queued_events(self) -> int:
+        return len(self._queue)
+
+    def put(self, text: str, *, force: bool = False) -> bool:
+        """Queue one event; False when it was not queued (overflow now or before, closing, or gone). A forced
+        event is exempt from the bounds: a resume's replay (bounded by the journal), ``session.replaced``, a fatal
+        error after a discard."""
+        if self.gone or self._closing is not None or (self.overflowed and not force):
+            return False
+        size = _text_size(text)
+        if force:
+            self._forced_bytes += size
+            self._forced_events += 1
+        else:
+            events, queued = len(self._queue) - self._forced_events, self.queued_bytes - self._forced_bytes
+            if events and (events >= self.max_events or queued + size > self.max_bytes):
+                self.overflowed = True
+                self._on_overflow()
+                return False
+        self._queue.append((text, size, force))
+        self.queued_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.queued_bytes - self._forced_bytes)
+        self.peak_events = max(self.peak_events, len(self._queue) - self._forced_events)
+        self._wake.set()
+        return True
+
+    def discard(self) -> None:
+        """Drop what is queued (the event being written stays: it is half in the transport)."""
+        keep = [self._queue[0]] if self._queue and not self._task.done() else []
+        self._clear()
+        for entry in keep:
+            self._queue.append(entry)
+            self._count(entry, 1)
+
+    def _count(self, entry: tuple[str, int, bool], sign: int) -> None:
+        _, size, forced = entry
+        self.queued_bytes += sign * size
+        if forced:
+            self._forced_bytes += sign * size
+            self._forced_events += sign
+
+    def _clear(self) -> None:
+        self._queue.clear()
+        self.queued_bytes = self._forced_bytes = self._forced_events = 0
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Close the socket after what is queued has been written."""
+        if self._closing is None:
+            self._closing = (code, reason)
+            self._wake.set()
+
+    async def closed(self) -> None:
+        """Wait for the close to be written; a writer making no progress for ``close_timeout_s`` is cut off and
+        the transport aborted (a stalled reader never drains)."""
+        while not self._task.done():
+            seen = self._progress
+            done, _ = await asyncio.wait({self._task}, timeout=self.close_timeout_s)
+            if not done and self._progress == seen:
+                self.abort()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    def abort(self) -> None:
+        """Stop writing and drop the connection now."""
+        self.gone = True
+        self._clear()
+        self._task.cancel()
+        with contextlib.suppress(Exception):
+            _abort_transport(self.websocket)
+
+    async def _write(self) -> None:
+        ws = self.websocket
+        try:
+            while True:
+                if not self._queue:
+                    if self._closing is not None:
+                        with contextlib.suppress(Exception):
+                            await ws.close(*self._closing)
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                entry = self._queue[0]
+                await ws.send_text(entry[0])
+                self._progress += 1
+                self.sent_events += 1
+                if self._queue and self._queue[0] is entry:
+                    self._count(self._queue.popleft(), -1)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the client left: a write failure is a disconnect
+            self.gone = True
+            self._clear()
+            self._on_gone()
 
 
 class _Attachment:
-    """A tiered session and the socket it is attached to (None while detached); sends are serialized so a
-    resume's replay and live events never interleave."""
+    """A tiered session and the socket it is attached to (None while detached), with that socket's outbox. Puts
+    never wait, so a resume's replay and live events never interleave; ``sent_through`` drops live events a
+    replay already carried."""
 
-    def __init__(self, protocol: TieredSession) -> None:
+    def __init__(self, protocol: TieredSession, config: ServerConfig) -> None:
         self.protocol = protocol
+        self.config = config
         self.shell: SessionShell | None = None
         self.socket: WebSocket | None = None
+        self.outbox: _Outbox | None = None
         self.lock = asyncio.Lock()
         self.sent_through = 0
         self.close_code: int | None = None
         self.ended = asyncio.Event()
+        self.detached_overflows = 0
+        self.peak_outbound_bytes = 0
+        self.peak_outbound_events = 0
+        self._closers: set[asyncio.Task] = set()
 
-    async def send(self, item: Outbound) -> None:
-        async with self.lock:
-            ws = self.socket
-            if ws is None or (item.seq is not None and item.seq <= self.sent_through):
-                return  # detached (the journal keeps it) or already replayed on this socket
-            try:
-                await ws.send_text(item.text)
-            except Exception:
-                self.detach(ws)
-                return
-            if item.seq is not None:
-                self.sent_through = item.seq
+    def attach(self, ws: WebSocket, *, resume_outputs: int = 0) -> _Outbox:
+        """Make ``ws`` the current socket, with a fresh outbox; the previous one (if any) is left to the caller.
+        A resumed socket whose ``resume_outputs`` (``session.resumed`` + replay) are not all written when it fails
+        rolls the credential back: the client may never have seen the new token."""
+
+        def gone() -> None:
+            if self.socket is ws and outbox.sent_events < resume_outputs:
+                self.protocol.rollback_resume()
+            self.detach(ws)
+
+        outbox = _Outbox(ws, self.config, on_overflow=lambda: self._overflow(ws), on_gone=gone)
+        self.socket, self.outbox = ws, outbox
+        return outbox
+
+    def _overflow(self, ws: WebSocket) -> None:
+        # Policy (tiered): a socket that cannot keep up is detached like a dropped one; the session lives on in
+        # the journal and the client resumes within the grace.
+        if self.socket is not ws:
+            return
+        self.detached_overflows += 1
+        outbox = self.outbox
+        self.detach(ws)
+        if outbox is not None:
+            outbox.abort()
+
+    def retire(self, outbox: _Outbox | None, code: int, reason: str = "") -> None:
+        """Close a socket that is no longer current, in the background (a stalled one is cut off)."""
+        if outbox is None:
+            return
+        outbox.close(code, reason)
+        task = asyncio.create_task(outbox.closed())
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    def send(self, item: Outbound) -> None:
+        outbox = self.outbox
+        if self.socket is None or outbox is None or (item.seq is not None and item.seq <= self.sent_through):
+            return  # detached (the journal keeps it) or already replayed on this socket
+        if not outbox.put(item.text):
+            return  # overflow (the socket is detached now) or the client left
+        self.peak_outbound_bytes = max(self.peak_outbound_bytes, outbox.peak_bytes)
+        self.peak_outbound_events = max(self.peak_outbound_events, outbox.peak_events)
+        if item.seq is not None:
+            self.sent_through = item.seq
 
     def detach(self, ws: WebSocket) -> None:
         if self.socket is not ws:
             return  # a superseded socket going away changes nothing
         self.socket = None
+        self.outbox = None
         if self.protocol.resumable:
             # Set at once, on the loop: a resume arriving before the shell's next turn sees the session detached.
             self.protocol.detach(time.monotonic())
@@ -81,6 +284,14 @@ class _Attachment:
                 self.shell.submit(Detached(self.protocol.credential.generation))  # type: ignore[arg-type]
         elif self.shell is not None:
             self.shell.disconnect()
+
+
+def _backpressure_stats(dialect: str, session_id: str, shell: SessionShell, peak_bytes: int, peak_events: int,
+                        overflows: int) -> dict[str, Any]:
+    return {"dialect": dialect, "session_id": session_id, "peak_outbound_bytes": peak_bytes,
+            "peak_outbound_events": peak_events, "outbound_overflows": overflows,
+            "peak_inbox_messages": shell.peak_inbox_messages, "peak_inbox_bytes": shell.peak_inbox_bytes,
+            "refused_messages": shell.refused}
 
 
 class VoicechatServer:
@@ -92,6 +303,13 @@ class VoicechatServer:
         self.cleanup_failure: str | None = None  # set when a session's model abort failed: new sessions refused
         self.tiered: dict[str, _Attachment] = {}  # live and detached tiered sessions, for session.resume
         self.warmup: WarmupReport | None = None
+        self.backpressure: deque[dict[str, Any]] = deque(maxlen=256)  # the last ended sessions (benchmarks, tests)
+        self._v3_outboxes: dict[str, _Outbox] = {}
+
+    def outbox(self, session_id: str) -> _Outbox | None:
+        """The outbound queue of a live session's current socket (benchmarks, tests)."""
+        att = self.tiered.get(session_id)
+        return att.outbox if att is not None else self._v3_outboxes.get(session_id)
 
     @property
     def typed_ready(self) -> bool:
@@ -123,6 +341,7 @@ class VoicechatServer:
         )
 
     async def v3(self, websocket: WebSocket) -> None:
+        tap_socket(websocket, self.config.trace_factory, "v3")  # tests: every frame through the trace checker
         await websocket.accept()
         if not self.admission.try_acquire():
             session_id = str(uuid.uuid4())
@@ -161,19 +380,29 @@ class VoicechatServer:
         gone = False
         shell: SessionShell | None = None
 
+        def left() -> None:
+            nonlocal gone
+            gone = True
+            if shell is not None:
+                shell.disconnect()
+
+        def overflow() -> None:
+            # Policy (v3): a reader this far behind fails its session: the model is released (a silent
+            # teardown), then the fatal output_backpressure error and close 1011 go out after a discard.
+            left()
+
+        outbox = _Outbox(websocket, cfg, on_overflow=overflow, on_gone=left)
+
         async def sink(item: Any) -> None:
-            nonlocal close_code, gone
+            nonlocal close_code
             if isinstance(item, CloseTransport):
                 close_code = item.code
-                return
-            if gone:
-                return
-            try:
-                await websocket.send_text(_dumps(item))
-            except Exception:
-                gone = True
-                if shell is not None:
-                    shell.disconnect()
+            elif not gone:
+                outbox.put(_dumps(item))
+
+        def refuse(event_id: Any, now: float) -> list[Any]:
+            return [protocol.projector.error("input_backpressure", "the receive queue is full; event refused",
+                                             False, event_id, limit=cfg.max_inbox_messages)]
 
         for item in protocol.start(time.monotonic()):
             await sink(item)
@@ -181,23 +410,24 @@ class VoicechatServer:
             # A poisoned model home: greet, then fail the session before it can touch the model.
             for item in protocol.poisoned(self.cleanup_failure, time.monotonic()):
                 await sink(item)
-            await websocket.close(close_code or 1011)
+            outbox.close(close_code or 1011)
+            await outbox.closed()
             return
-        shell = SessionShell(protocol, cfg.model_factory(), sink, synthesizer=cfg.synthesizer)
+        shell = SessionShell(protocol, cfg.model_factory(), sink, synthesizer=cfg.synthesizer,
+                             max_inbox_messages=cfg.max_inbox_messages, max_inbox_bytes=cfg.max_inbox_bytes,
+                             refuse=refuse)
         self.sessions[core.session_id] = shell
+        self._v3_outboxes[core.session_id] = outbox
 
         async def read() -> None:
-            nonlocal gone
             while True:
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
-                    gone = True
-                    shell.disconnect()
+                    left()
                     return
-                if message.get("text") is not None:
-                    shell.submit(message["text"])
-                elif message.get("bytes") is not None:
-                    shell.submit(message["bytes"])
+                data = message.get("text") if message.get("text") is not None else message.get("bytes")
+                if data is not None:
+                    await shell.offer(data)
 
         reader = asyncio.create_task(read())
         try:
@@ -206,14 +436,24 @@ class VoicechatServer:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             self.sessions.pop(core.session_id, None)
+            self._v3_outboxes.pop(core.session_id, None)
             if shell.cleanup_error is not None:
                 self.cleanup_failure = f"model abort failed: {shell.cleanup_error}"
                 log.error("session %s: %s; refusing new sessions", core.session_id, self.cleanup_failure)
-        if not gone:
-            try:
-                await websocket.close(close_code or 1000)
-            except Exception:
-                pass
+        if outbox.overflowed and not outbox.gone:
+            outbox.discard()
+            outbox.put(_dumps(protocol.projector.error(
+                "output_backpressure", "the client is not reading server events fast enough", True,
+                peak_queued_bytes=outbox.peak_bytes, max_outbound_bytes=outbox.max_bytes,
+                max_outbound_events=outbox.max_events)), force=True)
+            outbox.close(1011)
+        elif not gone:
+            outbox.close(close_code or 1000)
+        else:
+            outbox.abort()
+        await outbox.closed()
+        self.backpressure.append(_backpressure_stats("v3", core.session_id, shell, outbox.peak_bytes,
+                                                     outbox.peak_events, int(outbox.overflowed)))
 
 
     # ================================================================ the tiered dialect
@@ -232,6 +472,7 @@ class VoicechatServer:
         if route.dialect == "v3":
             await self.v3(websocket)
             return
+        tap_socket(websocket, self.config.trace_factory, "tiered-openai" if route.lane == "openai" else "tiered")
         await websocket.accept()
         if route.dialect == "duplex_off":
             await self._answer(websocket, duplex_off_answer_text(), 1000)
@@ -304,23 +545,31 @@ class VoicechatServer:
                 journal_ttl_s=cfg.journal_ttl_s,
             ),
         )
-        att = _Attachment(protocol)
-        att.socket = websocket
+        att = _Attachment(protocol, cfg)
+        first_outbox = att.attach(websocket)
 
         async def sink(item: Any) -> None:
             if isinstance(item, CloseTransport):
                 att.close_code = item.code
             elif isinstance(item, Outbound):
-                await att.send(item)
+                att.send(item)
+
+        def refuse(event_id: Any, now: float) -> list[Any]:
+            error = error_event("input_backpressure", "the receive queue is full; event refused", event_id=event_id,
+                                retryable=True)
+            return protocol._emit([error], now)  # stamped and journaled like any server event
 
         for item in protocol.start(time.monotonic()):
             await sink(item)
         if self.cleanup_failure is not None:
             for item in protocol.poisoned(self.cleanup_failure, time.monotonic()):
                 await sink(item)
-            await websocket.close(att.close_code or 1011)
+            first_outbox.close(att.close_code or 1011)
+            await first_outbox.closed()
             return
-        shell = SessionShell(protocol, cfg.model_factory(), sink, synthesizer=cfg.synthesizer)
+        shell = SessionShell(protocol, cfg.model_factory(), sink, synthesizer=cfg.synthesizer,
+                             max_inbox_messages=cfg.max_inbox_messages, max_inbox_bytes=cfg.max_inbox_bytes,
+                             refuse=refuse)
         att.shell = shell
         self.sessions[core.session_id] = shell
         self.tiered[core.session_id] = att
@@ -338,10 +587,14 @@ class VoicechatServer:
             if shell.cleanup_error is not None:
                 self.cleanup_failure = f"model abort failed: {shell.cleanup_error}"
                 log.error("session %s: %s; refusing new sessions", core.session_id, self.cleanup_failure)
-            ws, att.socket = att.socket, None
-            if ws is not None:
-                with contextlib.suppress(Exception):
-                    await ws.close(att.close_code or 1000)
+            outbox, att.socket, att.outbox = att.outbox, None, None
+            if outbox is not None:
+                outbox.close(att.close_code or 1000)
+                await outbox.closed()
+            if att._closers:
+                await asyncio.gather(*att._closers, return_exceptions=True)
+            self.backpressure.append(_backpressure_stats("tiered", core.session_id, shell, att.peak_outbound_bytes,
+                                                         att.peak_outbound_events, att.detached_overflows))
 
     @staticmethod
     async def _read(att: _Attachment, websocket: WebSocket) -> None:
@@ -354,10 +607,13 @@ class VoicechatServer:
                     break  # replaced by a resumed socket
                 data = message.get("text") if message.get("text") is not None else message.get("bytes")
                 if data is not None:
-                    att.shell.submit(data)
+                    await att.shell.offer(data)
         except Exception:  # a transport error is a drop like any other
             pass
+        outbox = att.outbox if att.socket is websocket else None
         att.detach(websocket)
+        if outbox is not None:
+            outbox.abort()  # the client is gone: nothing queued can reach it
 
     async def _resume(self, websocket: WebSocket, request: tiered_parser.SessionResume) -> None:
         att = self.tiered.get(request.session_id)
@@ -365,7 +621,7 @@ class VoicechatServer:
             await self._answer(websocket, _dumps(self._error("session_resume_expired", "no live session with that id",
                                                              event_id=request.event_id)), 1000)
             return
-        async with att.lock:
+        async with att.lock:  # nothing below waits: the replay and live events cannot interleave
             outcome = att.protocol.resume(request, time.monotonic())
             if not outcome.ok:
                 for item in outcome.outputs:
@@ -374,25 +630,20 @@ class VoicechatServer:
                 with contextlib.suppress(Exception):
                     await websocket.close(1000)
                 return
-            old, att.socket = att.socket, websocket
+            old = att.outbox
             if old is not None:
-                with contextlib.suppress(Exception):
-                    if outcome.replaced is not None:
-                        await old.send_text(outcome.replaced.text)
-                    await old.close(1000, "session_replaced")
-            try:
-                for item in outcome.outputs:
-                    await websocket.send_text(item.text)
-            except Exception:
-                att.protocol.rollback_resume()
-                att.socket = None
-                att.protocol.detach(time.monotonic())
-                if att.shell is not None:
-                    att.shell.submit(Detached(att.protocol.credential.generation))  # type: ignore[arg-type]
-                return
+                if outcome.replaced is not None:
+                    old.put(outcome.replaced.text, force=True)
+                att.retire(old, 1000, "session_replaced")
+            outbox = att.attach(websocket, resume_outputs=len(outcome.outputs))
+            for item in outcome.outputs:
+                outbox.put(item.text, force=True)  # the journal bounds the replay
             last = [o.seq for o in outcome.outputs if o.seq is not None]
             att.sent_through = max([att.sent_through, *last])
-        await self._read(att, websocket)  # until this socket drops, is replaced, or the session ends
+        try:
+            await self._read(att, websocket)  # until this socket drops, is replaced, or the session ends
+        finally:
+            await outbox.closed()  # closed by whoever retired it: a takeover, the session's end, or a drop
 
 
 def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], None] | None = None) -> Starlette:

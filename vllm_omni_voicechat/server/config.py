@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..model.port import ModelPort
 from ..runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
@@ -37,6 +38,27 @@ class ServerConfig:
     none; real model homes do (first-position compilation and allocation)."""
     journal_max_bytes: int = 8 << 20
     journal_ttl_s: float = 60.0
+    # Backpressure bounds, per socket (docs/reliability.md, "Backpressure"). Only sizes trip them, never time: a
+    # slow consumer must not trip a transport timer (v3 contract §1).
+    max_outbound_bytes: int = 8 << 20
+    """Server events queued for one socket but not yet handed to the transport (~2 min of 22.05 kHz audio).
+    Beyond it the session's policy runs: tiered detaches the socket (resume within the grace), v3 fails the
+    session (fatal ``output_backpressure``, close 1011)."""
+    max_outbound_events: int = 16_384
+    """The same bound counted in events (~7 min of per-position events)."""
+    outbound_close_timeout_s: float = 10.0
+    """After a bound tripped: how long the fatal error and close frame may wait for the socket before it is
+    aborted (a stalled reader never drains them)."""
+    max_inbox_messages: int = 256
+    """Client messages received but not yet handed to the session (the v3 reference's 256-message receive
+    queue). Beyond it a message is refused with a typed recoverable error (v3 ``input_backpressure``, tiered
+    ``rate_limit_error/input_backpressure``); as many refusals may be pending, then the reader stops reading."""
+    max_inbox_bytes: int = 16 << 20
+    """The same bound in bytes (one message of any size always fits an empty inbox)."""
+    trace_factory: Callable[[str], Any] | None = None
+    """Called once per accepted socket with its dialect (``v3``, ``tiered``, ``tiered-openai``); the result (a
+    ``vllm_omni_voicechat.trace.TraceChecker`` or alike) sees every frame of that socket (tests check invariants
+    on every integration trace). None: no tap."""
 
     @classmethod
     def simulator(cls, *, prefill_delay_s: float = 0.05, behaviour: SimBehaviour | None = None, **kw) -> ServerConfig:

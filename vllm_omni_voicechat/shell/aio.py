@@ -3,7 +3,9 @@ effects.
 
 The protocol object is a :class:`~vllm_omni_voicechat.session.core.SessionCore` or a wire session wrapping one
 (same driving interface). Client input is queued in an inbox and handed over only between positions, so the
-protocol sees input and step results in one order and the model is never touched by two threads at once.
+protocol sees input and step results in one order and the model is never touched by two threads at once. The inbox
+is bounded (:meth:`SessionShell.offer`): beyond its bounds a client message is refused, and its refusal is answered
+through ``refuse`` in the same order as everything else (docs/reliability.md, "Backpressure").
 Everything that is not an effect (native events, wire events, transport instructions) goes to ``sink`` in order;
 the sink may be a coroutine function, whose backpressure slows this session only.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,7 +24,13 @@ from typing import Any
 from ..model.port import ModelPort
 from ..session.commands import Command
 from ..session.core import SessionCore
-from ..session.events import AbortModel, CancelSynthesis, Effect, Prefill, StartSynthesis
+from ..session.events import (
+    AbortModel,
+    CancelSynthesis,
+    Effect,
+    Prefill,
+    StartSynthesis,
+)
 from ..synth.port import Synthesizer
 
 Sink = Callable[[Any], Awaitable[None] | None]
@@ -38,6 +47,44 @@ class _Disconnect:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class _Offered:
+    """A client frame queued through :meth:`SessionShell.offer` (counted against the inbox bounds)."""
+
+    message: str | bytes
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A client frame the full inbox refused: only the client event id its typed error echoes is kept."""
+
+    event_id: Any
+
+
+MAX_ECHOED_ID_CHARS = 256
+
+
+def _size(message: str | bytes) -> int:
+    if isinstance(message, str):
+        return len(message) if message.isascii() else len(message.encode())
+    return len(message)
+
+
+def client_event_id(message: str | bytes) -> Any:
+    """The ``event_id`` of a JSON client event (both dialects name it so), or None; long ids are not echoed."""
+    if not isinstance(message, str):
+        return None
+    try:
+        event = json.loads(message)
+    except ValueError:
+        return None
+    value = event.get("event_id") if isinstance(event, dict) else None
+    if isinstance(value, str) and 0 < len(value) <= MAX_ECHOED_ID_CHARS:
+        return value
+    return None
+
+
 class SessionShell:
     def __init__(
         self,
@@ -48,6 +95,9 @@ class SessionShell:
         synthesizer: Synthesizer | None = None,
         executor: concurrent.futures.Executor | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_inbox_messages: int | None = None,
+        max_inbox_bytes: int | None = None,
+        refuse: Callable[[Any, float], list[Any]] | None = None,
     ) -> None:
         self.core = core
         self.model = model
@@ -58,6 +108,19 @@ class SessionShell:
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="voicechat-model")
         self._clock = clock
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
+        # Bounds on client messages offered through offer() (internal items never count): queued messages and
+        # bytes, then pending refusals; when both are full the reader waits (TCP backpressure, no growth).
+        self.max_inbox_messages = max_inbox_messages
+        self.max_inbox_bytes = max_inbox_bytes
+        self._refuse = refuse
+        self.inbox_messages = 0
+        self.inbox_bytes = 0
+        self.pending_refusals = 0
+        self.peak_inbox_messages = 0
+        self.peak_inbox_bytes = 0
+        self.refused = 0
+        self._room = asyncio.Event()
+        self._room.set()
         self._tasks: set[asyncio.Task] = set()
         self.positions = 0
         self.cleanup_error: BaseException | None = None  # model.abort() failed: the model home is suspect
@@ -68,6 +131,43 @@ class SessionShell:
     def submit(self, item: Command | str | bytes) -> None:
         """Queue client input: a command for a bare core, a raw frame for a wire session."""
         self._inbox.put_nowait(item)
+
+    async def offer(self, message: str | bytes) -> bool:
+        """Queue one client frame within the inbox bounds; False when it was refused (its typed error follows in
+        order). Waits only while the inbox and the refusals are both full."""
+        size = _size(message)
+        while True:
+            cap = self.max_inbox_messages
+            fits = cap is None or self.inbox_messages < cap
+            if fits and self.max_inbox_bytes is not None and self.inbox_messages:
+                fits = self.inbox_bytes + size <= self.max_inbox_bytes  # one message always fits an empty inbox
+            if fits:
+                self.inbox_messages += 1
+                self.inbox_bytes += size
+                self.peak_inbox_messages = max(self.peak_inbox_messages, self.inbox_messages)
+                self.peak_inbox_bytes = max(self.peak_inbox_bytes, self.inbox_bytes)
+                self._inbox.put_nowait(_Offered(message, size))
+                return True
+            if self._refuse is not None and (cap is None or self.pending_refusals < cap):
+                self.pending_refusals += 1
+                self.refused += 1
+                self._inbox.put_nowait(_Refused(client_event_id(message)))
+                return False
+            self._room.clear()
+            await self._room.wait()
+
+    def _taken(self, item: Any) -> Any:
+        """Release what ``item`` held of the bounds; returns what the core receives."""
+        if isinstance(item, _Refused):
+            self.pending_refusals -= 1
+        elif isinstance(item, _Offered):
+            self.inbox_messages -= 1
+            self.inbox_bytes -= item.size
+            item = item.message
+        else:
+            return item
+        self._room.set()
+        return item
 
     def disconnect(self) -> None:
         self._inbox.put_nowait(_Disconnect())
@@ -105,8 +205,12 @@ class SessionShell:
             await self._teardown()
 
     async def _handle(self, item: Any) -> None:
+        item = self._taken(item)
         now = self._clock()
-        if isinstance(item, _Disconnect):
+        if isinstance(item, _Refused):
+            if self._refuse is not None and not self.core.closed:
+                await self._dispatch(self._refuse(item.event_id, now))
+        elif isinstance(item, _Disconnect):
             await self._dispatch(self.core.disconnect(now), publish=False)
         elif isinstance(item, _Done):
             await self._dispatch(item.apply(now))

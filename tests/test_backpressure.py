@@ -1,0 +1,313 @@
+"""Backpressure at the edge (docs/reliability.md, "Backpressure"): a stalled reader is bounded and handled by its
+session's policy while another session keeps producing its response; an input flood is refused with a typed error
+and the inbox stays within its bound.
+
+The stalled reader is a raw TCP WebSocket client with a tiny receive buffer that stops reading after the
+handshake, so the server's writes back up for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import os
+import socket
+import struct
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.server import ServerConfig
+from vllm_omni_voicechat.server.app import asgi_transport
+from vllm_omni_voicechat.shell.aio import SessionShell
+from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
+from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+
+from .server_fixture import RawClient, running_app
+
+BOUND_EVENTS = 1024
+BOUND_BYTES = 192 << 10  # ~3 s of the endless response's events: the bytes bound trips first
+
+
+class StalledClient:
+    """A raw WebSocket client: reads only when asked (``recv``); otherwise its socket is never read."""
+
+    def __init__(self, url: str, rcvbuf: int = 4096) -> None:
+        parts = urlsplit(url)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(10)
+        self.sock.connect((parts.hostname, parts.port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                          .encode())
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += self._exact(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def _exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return buf
+
+    def send(self, event: dict | str) -> None:
+        data = (event if isinstance(event, str) else json.dumps(event)).encode()
+        n = len(data)
+        if n < 126:
+            header = struct.pack("!BB", 0x81, 0x80 | n)
+        elif n < 1 << 16:
+            header = struct.pack("!BBH", 0x81, 0x80 | 126, n)
+        else:
+            header = struct.pack("!BBQ", 0x81, 0x80 | 127, n)
+        mask = os.urandom(4)
+        key = int.from_bytes((mask * (n // 4 + 1))[:n] or b"\0", "big")
+        masked = (int.from_bytes(data or b"\0", "big") ^ key).to_bytes(max(n, 1), "big")[:n]
+        self.sock.sendall(header + mask + masked)
+
+    def recv(self) -> dict:
+        b0, b1 = self._exact(2)
+        n = b1 & 0x7F
+        if n == 126:
+            n = struct.unpack("!H", self._exact(2))[0]
+        elif n == 127:
+            n = struct.unpack("!Q", self._exact(8))[0]
+        payload = self._exact(n)
+        if b0 & 0x0F == 8:
+            return {"type": "<close>", "code": struct.unpack("!H", payload[:2])[0] if n >= 2 else None}
+        return json.loads(payload)
+
+    def recv_type(self, type_: str) -> dict:
+        while (e := self.recv())["type"] != type_:
+            pass
+        return e
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def append(pcm: bytes, event_id: str = "a") -> dict:
+    return {"type": "input_audio_buffer.append", "event_id": event_id, "encoding": "pcm16", "sample_rate": 16000,
+            "channels": 1, "audio": base64.b64encode(pcm).decode()}
+
+
+def barrier(kind: str, k: int, event_id: str) -> dict:
+    return {"type": f"input_audio_buffer.{kind}", "event_id": event_id, "client_turn_id": k}
+
+
+UPDATE = {"type": "session.update", "event_id": "u1", "session": {"protocol_version": 3, "instructions": "Be brief."}}
+SILENCE_1S = bytes(INPUT_FRAME_BYTES * 12)
+
+
+def first_session_endless(**kw) -> ServerConfig:
+    """The first session's model speaks forever (the stalled reader's endless output); later ones behave."""
+    behaviours = itertools.chain([SimBehaviour(endless_response=True, prefill_delay_s=0.02)],
+                                 itertools.repeat(SimBehaviour(prefill_delay_s=0.02)))
+    return ServerConfig(model_factory=lambda: SimulatorModel(next(behaviours)), settlement_blank_frames=3,
+                        max_outbound_events=BOUND_EVENTS, max_outbound_bytes=BOUND_BYTES,
+                        outbound_close_timeout_s=0.5, **kw)
+
+
+def wait_until(predicate, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)  # ok: the server runs in another thread; its state is only observable by polling
+    return value
+
+
+def shrink_server_send_buffer(app, session_id: str) -> None:
+    """Pin the server-side socket's kernel send buffer small (no autotuning to MiBs), so the server's own bound
+    is what a stalled reader meets within a second or two."""
+    outbox = wait_until(lambda: app.outbox(session_id))
+    transport = asgi_transport(outbox.websocket)
+    transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+
+def stats_of(app, session_id: str) -> dict | None:
+    return next((s for s in list(app.backpressure) if s["session_id"] == session_id), None)
+
+
+def stalled_and_blocked(app, session_id: str) -> bool:
+    outbox = app.outbox(session_id)
+    return outbox is not None and outbox.queued_events >= 2  # the writer is stuck on the first one
+
+
+def v3_turn(c: RawClient, text: str, k: int) -> list[dict]:
+    c.send(barrier("turn_start", k, f"s{k}"))
+    c.send(append(render_speech(text)))
+    c.send(barrier("commit", k, f"c{k}"))
+    return c.recv_until(lambda e: e["type"] == "response.done")
+
+
+def test_v3_stalled_reader_fails_its_session_while_another_session_answers():
+    with running_app(first_session_endless()) as (url, app):
+        stalled = StalledClient(url + "/v1/voicechat")
+        sid = stalled.recv_type("session.created")["session_id"]
+        shrink_server_send_buffer(app, sid)
+        stalled.send(UPDATE)
+        stalled.recv_type("session.updated")
+        stalled.send(barrier("turn_start", 1, "s1"))
+        stalled.send(append(render_speech("tell me a story")))
+        stalled.send(barrier("commit", 1, "c1"))
+        # From here on the stalled client never reads; its endless response backs up on the server.
+        wait_until(lambda: stalled_and_blocked(app, sid) or stats_of(app, sid))
+
+        other = RawClient(url + "/v1/voicechat")
+        assert other.recv()["type"] == "session.created"
+        other.send(UPDATE)
+        other.recv_type("session.updated")
+        events = v3_turn(other, "hello", 1)
+        assert stats_of(app, sid) is None or stats_of(app, sid)["outbound_overflows"] == 1
+        done = events[-1]
+        assert done["response_id"] == next(e for e in events if e["type"] == "response.created")["response_id"]
+        assert done["status"] == "completed"
+        pcm = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+        assert decode_speech(pcm, 22050) == "You said: hello."
+
+        # The stalled session keeps producing until its bound trips: then it fails and its socket is dropped.
+        stats = wait_until(lambda: stats_of(app, sid))
+        assert stats["outbound_overflows"] == 1
+        assert stats["peak_outbound_events"] <= BOUND_EVENTS and stats["peak_outbound_bytes"] <= BOUND_BYTES
+        assert sid not in app.sessions and app.admission.active == 1
+        with pytest.raises(OSError):  # the aborted connection: reset, or EOF after what the kernel had buffered
+            while True:
+                event = stalled.recv()
+                assert event["type"] != "<close>" or event["code"] == 1011
+        stalled.close()
+
+        assert [e["type"] for e in v3_turn(other, "again", 2)][-1] == "response.done"  # still served
+        other.close()
+
+
+def test_tiered_stalled_reader_is_detached_and_resumes_from_the_journal():
+    with running_app(first_session_endless(disconnect_grace_s=30.0)) as (url, app):
+        stalled = StalledClient(url + "/v1/duplex?model=sim")
+        created = stalled.recv_type("session.created")
+        sid, token = created["session"]["id"], created["resume_token"]
+        shrink_server_send_buffer(app, sid)
+        pcm = render_speech("tell me a story") + SILENCE_1S
+        stalled.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        stalled.send({"type": "input_audio_buffer.commit"})
+        last_seen = 0
+        while (e := stalled.recv())["type"] != "response.created":
+            last_seen = e.get("server_event_seq", last_seen)
+        last_seen = e["server_event_seq"]
+        # The client stops reading now; the endless response backs up until the bound detaches the socket.
+        wait_until(lambda: app.tiered[sid].detached_overflows == 1)
+        att = app.tiered[sid]
+        assert att.socket is None and att.protocol.detached_at is not None  # detached, alive within the grace
+        assert att.peak_outbound_events <= BOUND_EVENTS and att.peak_outbound_bytes <= BOUND_BYTES
+        stalled.close()
+
+        resumed = RawClient(url + "/v1/duplex")
+        resumed.send({"type": "session.resume", "session_id": sid, "resume_token": token,
+                      "last_received_server_event_seq": last_seen})
+        assert resumed.recv()["type"] == "session.resumed"
+        seqs = [resumed.recv()["server_event_seq"] for _ in range(20)]
+        assert seqs == list(range(last_seen + 1, last_seen + 21))  # the journal replays what the socket missed
+        resumed.send({"type": "session.close"})
+        resumed.recv_until(lambda e: e["type"] == "session.closed")
+        resumed.close()
+
+
+def test_v3_input_flood_is_refused_with_typed_errors_in_order_and_the_session_stays_usable():
+    slow = SimBehaviour(step_delay_s=0.03, prefill_delay_s=0.02)
+    cfg = ServerConfig(model_factory=lambda: SimulatorModel(slow), settlement_blank_frames=3, max_inbox_messages=8)
+    with running_app(cfg) as (url, app):
+        c = RawClient(url + "/v1/voicechat")
+        sid = c.recv()["session_id"]
+        c.send(UPDATE)
+        c.recv_type("session.updated")
+        c.send(barrier("turn_start", 1, "s1"))
+        pcm = render_speech("hello") + bytes(INPUT_FRAME_BYTES * 40)  # ~45 slow positions: a busy shell
+        for i in range(0, len(pcm), 40_960):
+            c.send(append(pcm[i:i + 40_960]))
+        flood = [f"f{i}" for i in range(300)]
+        for eid in flood:
+            c.send({"type": "flood.ping", "event_id": eid})
+        errors = c.recv_until(lambda e: e["type"] == "error" and e["error"]["client_event_id"] == flood[-1])
+        errors = [e["error"] for e in errors if e["type"] == "error"]
+        assert [e["client_event_id"] for e in errors] == flood  # every one answered once, in order
+        refused = [e for e in errors if e["code"] == "input_backpressure"]
+        assert refused and all(e == {"code": "input_backpressure", "message": "the receive queue is full; event refused",
+                                     "fatal": False, "client_event_id": e["client_event_id"], "limit": 8}
+                               for e in refused)
+        assert {e["code"] for e in errors} == {"unsupported_event", "input_backpressure"}
+        shell = app.sessions[sid]
+        assert shell.peak_inbox_messages <= 8 and shell.pending_refusals == 0 and shell.inbox_messages == 0
+        c.send(barrier("commit", 1, "c1"))
+        done = c.recv_type("response.done")
+        assert done["status"] == "completed"
+        c.close()
+
+
+def test_tiered_input_flood_gets_rate_limit_errors_with_their_seq():
+    slow = SimBehaviour(step_delay_s=0.03, prefill_delay_s=0.02)
+    cfg = ServerConfig(model_factory=lambda: SimulatorModel(slow), max_inbox_messages=4)
+    with running_app(cfg) as (url, _app):
+        c = RawClient(url + "/v1/duplex?model=sim")
+        c.recv_type("session.created")
+        pcm = (render_speech("hello") + bytes(INPUT_FRAME_BYTES * 30))
+        c.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        flood = [f"f{i}" for i in range(100)]
+        for eid in flood:
+            c.send({"type": "flood.ping", "event_id": eid})
+        events = c.recv_until(lambda e: e["type"] == "error" and e["error"].get("event_id") == flood[-1])
+        errors = [e for e in events if e["type"] == "error"]
+        assert [e["error"]["event_id"] for e in errors] == flood
+        refused = [e["error"] for e in errors if e["error"]["code"] == "input_backpressure"]
+        assert refused and all(e["type"] == "rate_limit_error" and e["retryable"] is True for e in refused)
+        seqs = [e["server_event_seq"] for e in c.received if "server_event_seq" in e]
+        assert seqs == list(range(1, len(seqs) + 1))  # refusals are journaled in the one seq order
+        c.send({"type": "session.close"})
+        c.recv_type("session.closed")
+        c.close()
+
+
+def test_shell_inbox_bounds_refusals_then_waits():
+    """The shell alone: messages beyond the bound become refusals; beyond those the offer waits for room."""
+
+    class Protocol:
+        closed = False
+
+        def __init__(self) -> None:
+            self.received: list[str] = []
+
+        def receive(self, message, now):
+            self.received.append(message)
+            return []
+
+    async def main():
+        proto = Protocol()
+        answered: list = []
+        shell = SessionShell(proto, SimulatorModel(), lambda item: None, max_inbox_messages=3,
+                             max_inbox_bytes=1000, refuse=lambda eid, now: answered.append(eid) or [])
+        results = [await shell.offer(json.dumps({"event_id": f"e{i}"})) for i in range(6)]
+        assert results == [True, True, True, False, False, False]
+        assert (shell.inbox_messages, shell.pending_refusals, shell.refused) == (3, 3, 3)
+        blocked = asyncio.ensure_future(shell.offer(json.dumps({"event_id": "e6"})))
+        await asyncio.sleep(0)  # ok: one loop turn, so the offer reaches its wait
+        assert not blocked.done()  # both queues full: the reader waits (no growth)
+        await shell._handle(shell._inbox.get_nowait())
+        assert await blocked is True
+        while not shell._inbox.empty():
+            await shell._handle(shell._inbox.get_nowait())
+        assert proto.received == ['{"event_id": "e0"}', '{"event_id": "e1"}', '{"event_id": "e2"}',
+                                  '{"event_id": "e6"}']
+        assert answered == ["e3", "e4", "e5"]
+        big = "x" * 600
+        assert await shell.offer(big) is True and await shell.offer(big) is False  # the byte bound
+        assert shell.peak_inbox_messages == 3 and shell.peak_inbox_bytes <= 1000
+
+    asyncio.run(main())
