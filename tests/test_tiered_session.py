@@ -1110,3 +1110,27 @@ def test_a_commit_sent_while_the_first_prefill_runs_waits_for_it_and_gets_its_re
         "response.done")
     transcript = "".join(e["delta"] for e in wire if e["type"] == "response.output_audio_transcript.delta")
     assert transcript == "You said: hello."
+
+
+def test_after_the_fatal_position_limit_mid_response_only_terminals_follow():
+    """The resampler's unsent tail of a response failed by a fatal error is dropped, not flushed as more deltas."""
+    from vllm_omni_voicechat.sim.model import SimBehaviour
+    from vllm_omni_voicechat.trace import TraceChecker
+
+    d = TieredDriver(behaviour=SimBehaviour(endless_response=True), max_session_model_frames=120)
+    d.send({"type": "session.update", "session": {}})
+    d.run()
+    d.append(render_speech("hello"))
+    d.send({"type": "input_audio_buffer.commit"})
+    d.run()
+    kinds = types(d.events)
+    after = kinds[kinds.index("error"):]
+    assert after == ["error", "response.output_audio.done", "response.output_audio_transcript.done",
+                     "response.content_part.done", "response.output_item.done", "conversation.item.done",
+                     "response.done", "rate_limits.updated", "session.closed"]
+    assert d.events[kinds.index("error")]["error"]["code"] == "session_position_limit"
+    checker = TraceChecker(dialect="tiered")
+    for event in d.events:
+        checker.server_event(event)
+    checker.transport_closed(d.outputs[-1].code)
+    checker.check()

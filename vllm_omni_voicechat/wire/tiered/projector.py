@@ -334,6 +334,8 @@ class TieredProjector:
     def _terminal(self, r: WireResponse, status: str, reason: str | None) -> list[WireEvent]:
         out: list[WireEvent] = []
         r.status = status
+        if status == "failed" and r.encoder is not None:
+            r.encoder.clear()  # after a fatal error nothing but terminals goes out: the resampler tail is dropped
         if r.message_open:  # flushes the resampler: sent_ms is final only after it
             out += self._close_message(r, "completed" if status == "completed" else "incomplete")
         r.ledger.finish(status == "completed")
