@@ -314,3 +314,26 @@ def test_pipecat_minimal_exchange_fields_the_client_validates(url):
     assert closed["status"] == "completed"
     assert c.close_code() == 1000
     assert all(re.fullmatch(r"evt_.+_\d+", e["event_id"]) for e in c.received)
+
+
+def test_a_failing_socket_reader_ends_the_session_and_frees_its_slot(monkeypatch):
+    """A transport error while reading is a disconnect: the session is torn down, never left hanging."""
+    from starlette.websockets import WebSocket
+
+    real_receive = WebSocket.receive
+
+    async def receive(self):
+        message = await real_receive(self)
+        if "transport-breaks-here" in (message.get("text") or ""):
+            raise RuntimeError("the transport broke")
+        return message
+
+    monkeypatch.setattr(WebSocket, "receive", receive)
+    released = threading.Event()
+    with running_app(ServerConfig.simulator(settlement_blank_frames=2, max_sessions=1)) as (base, server):
+        server.admission.on_release = released.set
+        c = configured(base)
+        c.send({"type": "transport-breaks-here"})
+        assert released.wait(10)
+        assert server.admission.active == 0 and server.sessions == {}
+        configured(base).close()  # the slot is free again

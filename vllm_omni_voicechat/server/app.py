@@ -420,14 +420,17 @@ class VoicechatServer:
         self._v3_outboxes[core.session_id] = outbox
 
         async def read() -> None:
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    left()
-                    return
-                data = message.get("text") if message.get("text") is not None else message.get("bytes")
-                if data is not None:
-                    await shell.offer(data)
+            try:
+                while True:
+                    message = await websocket.receive()
+                    if message["type"] == "websocket.disconnect":
+                        break
+                    data = message.get("text") if message.get("text") is not None else message.get("bytes")
+                    if data is not None:
+                        await shell.offer(data)
+            except Exception:  # a transport error is a disconnect like any other, never a session left hanging
+                log.debug("session %s: reader failed", core.session_id, exc_info=True)
+            left()
 
         reader = asyncio.create_task(read())
         try:
@@ -609,7 +612,7 @@ class VoicechatServer:
                 if data is not None:
                     await att.shell.offer(data)
         except Exception:  # a transport error is a drop like any other
-            pass
+            log.debug("tiered socket reader failed", exc_info=True)
         outbox = att.outbox if att.socket is websocket else None
         att.detach(websocket)
         if outbox is not None:
