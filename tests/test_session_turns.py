@@ -397,3 +397,21 @@ def test_fatal_conflict_fails_the_open_response_before_the_error():
          {"client_turn_id": 7, "open_client_turn_id": None}),
     ]
     assert [type(x).__name__ for x in d.effects][-1] == "AbortModel"
+
+
+def test_audio_beyond_the_queued_input_bound_is_refused_whole_and_the_session_stays_usable():
+    """A client sending faster than real time: frames waiting for the model clock are bounded."""
+    d = session(settlement_blank_frames=2, max_queued_input_frames=10)
+    d.send(StartTurn(1, "s1"))
+    speech = render_speech("hello") + SILENCE_FRAME * 14
+    speech = speech[:14 * 2560]
+    assert [e for e in d.send(AppendAudio(speech[:6 * 2560], "a1")) if isinstance(e, Error)] == []  # 6 queued
+    refused = [e for e in d.send(AppendAudio(speech[6 * 2560:], "a2")) if isinstance(e, Error)]
+    assert refused == [Error("input_backpressure", refused[0].message, False, "a2", {"max_queued_input_frames": 10})]
+    assert [e for e in d.send(AppendAudio(bytes(4 * 2560), "a3")) if isinstance(e, Error)] == []  # 10: at the bound
+    d.run()  # the model clock drains the queue
+    assert [e for e in d.send(AppendAudio(speech[6 * 2560:], "a4")) if isinstance(e, Error)] == []
+    d.send(CommitTurn(1, "c1"))
+    events = d.run()
+    assert not any(isinstance(e, (SessionClosed, Error)) for e in events)
+    assert names(events)[-1] == "ResponseDone"

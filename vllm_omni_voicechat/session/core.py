@@ -133,6 +133,9 @@ class SessionConfig:
     ends it (RNNT blank fence -> EOU); a client ``CommitInput`` forces the end (the tiered dialect)."""
     model_eou_blank_frames: int | None = None
     """The model-owned EOU fence in blank positions (default: ``settlement_blank_frames``)."""
+    max_queued_input_frames: int = 1500
+    """Input frames waiting for the model clock (120 s; ~3.8 MB). An append beyond it is refused whole with the
+    recoverable ``input_backpressure``: a client sending faster than real time cannot grow the session's memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,6 +497,12 @@ class SessionCore:
             return
         if self._typed is not None:
             return  # server-side half duplex while a typed job runs
+        if self._input_backlogged(len(cmd.pcm)):
+            limit = self.config.max_queued_input_frames
+            self._emit(Error("input_backpressure", f"more than {limit} input frames are waiting for the model; "
+                             "audio refused (send in real time)", False, cmd.client_event_id,
+                             {"max_queued_input_frames": limit}))
+            return
         for pcm in self._assembler.push(cmd.pcm):
             frame = self.gate.classify(pcm, self._transport_frames)
             self._transport_frames += 1
@@ -502,6 +511,13 @@ class SessionCore:
                 self._emit_idle_metrics(frame)
             else:
                 self._queue.extend(_Item("frame", f) for f in released)
+
+    def _input_backlogged(self, incoming: int) -> bool:
+        limit = self.config.max_queued_input_frames
+        if len(self._queue) + incoming // INPUT_FRAME_BYTES <= limit:
+            return False  # the cheap bound: the queue holds at least its frames
+        queued = sum(1 for item in self._queue if item.kind in ("frame", "padding"))
+        return queued + incoming // INPUT_FRAME_BYTES > limit
 
     def _on_start(self, cmd: StartTurn) -> None:
         verdict = self.turns.check_start(cmd.client_turn_id, typed_active=self._typed is not None)
