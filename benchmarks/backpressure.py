@@ -45,6 +45,7 @@ from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.server.app import asgi_transport
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
 from vllm_omni_voicechat.sim.speech import render_speech
+from vllm_omni_voicechat.trace.recorder import TraceRecorder
 
 RESULTS = Path(__file__).resolve().parent / "results"
 UPDATE = json.dumps({"type": "session.update", "event_id": "u1", "session": {"protocol_version": 3}})
@@ -273,9 +274,11 @@ def main(argv: list[str] | None = None) -> dict:
             return SimulatorModel(SimBehaviour(step_delay_s=0.02, prefill_delay_s=0.02))
         return SimulatorModel(SimBehaviour(prefill_delay_s=0.02))
 
+    traces = TraceRecorder()  # every socket, the stalled and flooding ones included, through the invariants
     config = ServerConfig(model_factory=factory, max_sessions=n + 2, settlement_blank_frames=3,
                           max_outbound_bytes=args.max_outbound_bytes, max_outbound_events=args.max_outbound_events,
-                          max_inbox_messages=args.max_inbox_messages, outbound_close_timeout_s=1.0)
+                          max_inbox_messages=args.max_inbox_messages, outbound_close_timeout_s=1.0,
+                          trace_factory=traces)
     server = InProcessServer(config)
     app = server.app.state.voicechat
     try:
@@ -309,6 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ratios": {"late_share": ratio(loaded["late_share"] or 0, baseline["late_share"] or 0),
                    "rtt_ms_p99": ratio(loaded["rtt_ms_p99"] or 0, baseline["rtt_ms_p99"] or 0),
                    "responses_per_session": ratio(loaded["responses"], baseline["responses"])},
+        "trace": traces.summary(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -321,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:12s} positions {s['positions']}  late (>= {LATE_MS:g} ms) {s['late_positions']}  "
               f"round trip p50 {s['rtt_ms_p50']} ms  p99 {s['rtt_ms_p99']} ms  responses {s['responses']}  errors {s['errors']}")
     print(f"ratios (faults / baseline): {report['ratios']}")
+    print(f"trace invariants: {report['trace']['sockets']} sockets, {report['trace']['violations']} violations")
     print(f"wrote {args.out}")
     return report
 

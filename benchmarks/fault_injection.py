@@ -45,6 +45,7 @@ import numpy as np
 
 from vllm_omni_voicechat.server import ServerConfig, create_app
 from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+from vllm_omni_voicechat.trace.recorder import TraceRecorder
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("mid_audio", "mid_response", "mid_tool_call")
@@ -482,14 +483,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     dc = load_duplex_client()
     max_delay = args.max_delay if args.max_delay is not None else 0.8 * args.grace
+    traces = TraceRecorder()  # every socket of every trial through the trace invariants
     server = InProcessServer(ServerConfig.simulator(max_sessions=max(4, 2 * args.concurrency),
-                                                    disconnect_grace_s=args.grace, settlement_blank_frames=3))
+                                                    disconnect_grace_s=args.grace, settlement_blank_frames=3,
+                                                    trace_factory=traces))
     try:
         report = asyncio.run(run_trials(dc, server.url, server.app.state.voicechat, trials=args.trials,
                                         seed=args.seed, concurrency=args.concurrency, max_delay_s=max_delay,
                                         takeover_share=args.takeover))
     finally:
         server.stop()
+    report["trace"] = traces.summary()
     report["parameters"] = {"trials": args.trials, "seed": args.seed, "concurrency": args.concurrency,
                             "disconnect_grace_s": args.grace, "max_reconnect_delay_s": max_delay,
                             "takeover_share": args.takeover}
@@ -502,6 +506,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{report['app_duplicate_events']}  duplicated on the wire {report['wire_duplicate_events']}")
     print(f"replay latency p50 {lat['p50']} ms  p99 {lat['p99']} ms  max {lat['max']} ms  "
           f"mid-audio input intact {report['mid_audio_input_intact']}  wall {report['wall_s']} s")
+    print(f"trace invariants: {report['trace']['sockets']} sockets, {report['trace']['violations']} violations")
     for failure, n in report["failures"]:
         print(f"  FAILED x{n}: {failure}")
     print(f"wrote {args.out}")

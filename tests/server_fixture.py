@@ -7,16 +7,15 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
 from vllm_omni_voicechat.server import ServerConfig, create_app
 from vllm_omni_voicechat.server.app import VoicechatServer
-from vllm_omni_voicechat.trace import TraceChecker
+from vllm_omni_voicechat.trace.recorder import TraceRecorder
 
 
 def free_port() -> int:
@@ -32,52 +31,6 @@ def running_server(config: ServerConfig) -> Iterator[str]:
         yield url
 
 
-class TraceRecorder:
-    """The server's trace factory in tests: one TraceChecker per socket, checked when the server stops."""
-
-    def __init__(self, inner: Callable[[str], Any] | None = None) -> None:
-        self.traces: list[TraceChecker] = []
-        self._inner = inner
-        self._lock = threading.Lock()
-
-    def __call__(self, dialect: str) -> TraceChecker:
-        with self._lock:
-            checker = TraceChecker(dialect, name=f"{dialect} socket {len(self.traces) + 1}",  # type: ignore[arg-type]
-                                   history=int(os.environ.get("VOICECHAT_TRACE_HISTORY", "40")))
-            self.traces.append(checker)
-        if self._inner is None:
-            return checker
-        return _Both(checker, self._inner(dialect))  # type: ignore[return-value]
-
-    def check(self) -> None:
-        """Raise listing every socket's violations (the invariants are server guarantees)."""
-        failures = []
-        for trace in self.traces:
-            try:
-                trace.check()
-            except AssertionError as exc:
-                failures.append(str(exc))
-        if failures:
-            raise AssertionError("server trace invariants violated:\n" + "\n".join(failures))
-
-
-class _Both:
-    def __init__(self, *traces: Any) -> None:
-        self._traces = traces
-
-    def client_event(self, message: Any) -> None:
-        for t in self._traces:
-            t.client_event(message)
-
-    def server_event(self, message: Any) -> None:
-        for t in self._traces:
-            t.server_event(message)
-
-    def transport_closed(self, code: int | None) -> None:
-        for t in self._traces:
-            t.transport_closed(code)
-
-
 @contextlib.contextmanager
 def running_app(config: ServerConfig, *, check_traces: bool = True) -> Iterator[tuple[str, VoicechatServer]]:
     """Like ``running_server`` but also yields the app's VoicechatServer (admission, live sessions).
@@ -85,7 +38,7 @@ def running_app(config: ServerConfig, *, check_traces: bool = True) -> Iterator[
     Every socket the server serves goes through a TraceChecker (``ServerConfig.trace_factory``); at exit, once
     the server has stopped, any invariant violation fails the test with the listing."""
     ready = threading.Event()
-    recorder = TraceRecorder(config.trace_factory)
+    recorder = TraceRecorder(config.trace_factory, history=int(os.environ.get("VOICECHAT_TRACE_HISTORY", "40")))
     if check_traces:
         config = replace(config, trace_factory=recorder)
     app = create_app(config, on_ready=ready.set)

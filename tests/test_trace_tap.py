@@ -9,8 +9,9 @@ import pytest
 
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.trace import TraceChecker
+from vllm_omni_voicechat.trace.recorder import TraceRecorder
 
-from .server_fixture import RawClient, TraceRecorder, running_app
+from .server_fixture import RawClient, running_app
 
 
 def test_tap_sees_every_frame_of_both_dialects():
