@@ -165,8 +165,16 @@ def test_tiered_socket_survives_generated_frames_a_drop_and_a_resume(server, see
     send(r, {"type": "response.create", "event_id": "vr"})  # in case a fuzzed update set auto_response:false
     for _ in range(40):  # a live microphone keeps streaming (silence): positions run at input speed, not paced
         send(r, {"type": "input_audio_buffer.append", "audio": SILENCE, "format": "pcm16", "sample_rate_hz": 16000})
-    events = drain_until(r, lambda e: e["type"] == "response.done")
-    assert any(e["type"] == "response.created" for e in events)
+    # (a response a fuzzed frame opened, e.g. typed text, may still end first: wait for one created from here on)
+    created: set[str] = set()
+
+    def our_response_done(e: dict) -> bool:
+        if e["type"] == "response.created":
+            created.add(e["response"]["id"])
+        return e["type"] == "response.done" and e["response"]["id"] in created
+
+    events = drain_until(r, our_response_done)
+    assert created
     send(r, {"type": "session.close", "event_id": "bye"})
     drain_until(r, lambda e: e["type"] == "session.closed")
     assert r.close_code() == 1000
