@@ -44,6 +44,7 @@ except ImportError:  # pragma: no cover
 import numpy as np
 
 from vllm_omni_voicechat.server import ServerConfig, create_app
+from vllm_omni_voicechat.server.app import VoicechatUvicornServer
 from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 from vllm_omni_voicechat.trace.recorder import TraceRecorder
 
@@ -458,8 +459,8 @@ class InProcessServer:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
         self.url = f"ws://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, ws_ping_interval=None, ws_ping_timeout=None,
-                                                    log_level="warning"))
+        self.server = VoicechatUvicornServer(uvicorn.Config(self.app, ws_ping_interval=None, ws_ping_timeout=None,
+                                                            log_level="warning"), self.app.state.voicechat)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         if not ready.wait(30):

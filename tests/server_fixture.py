@@ -14,7 +14,7 @@ import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
 from vllm_omni_voicechat.server import ServerConfig, create_app
-from vllm_omni_voicechat.server.app import VoicechatServer
+from vllm_omni_voicechat.server.app import VoicechatServer, VoicechatUvicornServer
 from vllm_omni_voicechat.trace.recorder import TraceRecorder
 
 
@@ -49,8 +49,8 @@ def running_app(config: ServerConfig, *, check_traces: bool = True) -> Iterator[
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, ws_ping_interval=None, ws_ping_timeout=None, log_level="warning")
+    server = VoicechatUvicornServer(
+        uvicorn.Config(app, ws_ping_interval=None, ws_ping_timeout=None, log_level="warning"), app.state.voicechat
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -579,3 +579,16 @@ def test_any_other_first_message_opens_a_default_session():
             assert c.recv_type("session.heartbeat_ack")["server_event_seq"] >= 1
         finally:
             quietly_close(c)
+
+
+def test_server_shutdown_ends_a_dropped_session_instead_of_waiting_out_its_grace():
+    """uvicorn's graceful shutdown waits for every ASGI task; a detached session lives in one for its grace."""
+    released = threading.Event()
+    with running_app(ServerConfig.simulator(settlement_blank_frames=2, disconnect_grace_s=600.0)) as (base, server):
+        server.admission.on_release = released.set
+        c = RawClient(base + "/v1/duplex")
+        c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+        c.recv_until(lambda e: e["type"] == "session.updated")
+        c.ws.close_socket()  # a drop: the session waits for a resume
+    # the fixture joined the server thread (30 s at most): it only returns early if the session was ended
+    assert released.is_set() and server.sessions == {} and server.tiered == {}

@@ -74,15 +74,15 @@ def main(argv: list[str] | None = None) -> int:
             disconnect_grace_s=args.disconnect_grace_s,
             warmup_positions=args.warmup_positions,
         )
+        from .server.app import VoicechatUvicornServer
+
+        app = create_app(config)
         # Protocol-level pings are off: long model steps or slow consumers must never trip a transport timer.
-        uvicorn.run(
-            create_app(config),
-            host=args.host,
-            port=args.port,
-            ws_ping_interval=None,
-            ws_ping_timeout=None,
-            log_level=args.log_level,
-        )
+        VoicechatUvicornServer(
+            uvicorn.Config(app, host=args.host, port=args.port, ws_ping_interval=None, ws_ping_timeout=None,
+                           log_level=args.log_level),
+            app.state.voicechat,
+        ).run()
     return 0
 
 

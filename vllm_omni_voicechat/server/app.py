@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -310,6 +311,12 @@ class VoicechatServer:
         """The outbound queue of a live session's current socket (benchmarks, tests)."""
         att = self.tiered.get(session_id)
         return att.outbox if att is not None else self._v3_outboxes.get(session_id)
+
+    def end_all_sessions(self) -> None:
+        """Server shutdown: end every session now, on the server's loop. A detached tiered session would otherwise
+        wait out its disconnect grace in its ASGI task, and uvicorn's graceful shutdown waits for that task."""
+        for shell in list(self.sessions.values()):
+            shell.disconnect()
 
     @property
     def typed_ready(self) -> bool:
@@ -675,3 +682,15 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
     )
     app.state.voicechat = server
     return app
+
+
+class VoicechatUvicornServer(uvicorn.Server):
+    """uvicorn's server, ending our sessions first when it shuts down (``VoicechatServer.end_all_sessions``)."""
+
+    def __init__(self, config: uvicorn.Config, voicechat: VoicechatServer) -> None:
+        super().__init__(config)
+        self.voicechat = voicechat
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        self.voicechat.end_all_sessions()
+        await super().shutdown(sockets=sockets)
