@@ -17,11 +17,8 @@ from vllm_omni_voicechat.model.port import (
     RnntEvidence,
     ToolCall,
 )
-from vllm_omni_voicechat.omni.thinker.controls import (
-    SpecialIds,
-    ThinkerSession,
-    parse_tool_call,
-)
+from vllm_omni_voicechat.model.prompt import parse_tool_call
+from vllm_omni_voicechat.omni.thinker.controls import SpecialIds, ThinkerSession
 
 IDS = SpecialIds(pad=12, bos=1, eos=2, sotc=20, eotc=21, eotr=22)
 NAMES = {12: "<SPECIAL_12>", 1: "<s>", 2: "</s>", 20: "<SPECIAL_20>", 21: "<SPECIAL_21>", 22: "<SPECIAL_22>"}

@@ -9,7 +9,6 @@ import pytest
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES, OUTPUT_FRAME_BYTES, SILENT_INPUT_FRAME
 from vllm_omni_voicechat.model.port import (
     AgentControl,
-    BoundaryPhase,
     ModelError,
     ModelPort,
     PositionControls,

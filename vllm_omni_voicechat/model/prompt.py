@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from .port import SessionPrompt, ToolSpec
+from .port import SessionPrompt, ToolCall, ToolSpec
 
 TOOLS_OPEN = "<AVAILABLE_TOOLS>"
 TOOLS_CLOSE = "</AVAILABLE_TOOLS>"
@@ -67,3 +67,17 @@ def wrap_tool_result(value: str) -> str:
     else:
         body = json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
     return f"{TOOL_RESPONSE_OPEN}{body}{TOOL_RESPONSE_CLOSE}"
+
+
+def parse_tool_call(payload: str) -> ToolCall | None:
+    """The first call of a function-channel ``<TOOLCALL>[{"name": ..., "arguments": ...}]</TOOLCALL>`` payload
+    (arguments as an object or a JSON string); None when malformed."""
+    body = payload.strip().removeprefix("<TOOLCALL>").removesuffix("</TOOLCALL>")
+    try:
+        first = json.loads(body)[0]
+        args = first.get("arguments", {})
+        if isinstance(args, str):
+            args = json.loads(args)
+        return ToolCall(str(first["name"]), dict(args), payload)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None

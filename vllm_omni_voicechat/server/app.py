@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -30,6 +29,7 @@ from ..shell.aio import SessionShell
 from ..trace.tap import tap_socket
 from ..wire.tiered import parser as tiered_parser
 from ..wire.tiered.connection import Detached, Outbound, TieredOptions, TieredSession
+from ..wire.tiered.journal import compact_json
 from ..wire.tiered.projector import error_event
 from ..wire.tiered.routing import UnknownRoute, duplex_off_answer_text, select_route
 from ..wire.tiered.schema import CLOSE_TRY_AGAIN_LATER
@@ -43,14 +43,7 @@ from .warmup import WarmupReport, warm_up
 log = logging.getLogger("vllm_omni_voicechat.server")
 
 
-def _dumps(event: dict[str, Any]) -> str:
-    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate echoed from a client's JSON escape: keep it escaped
-            text = json.dumps(event, separators=(",", ":"))
-    return text
+_dumps = compact_json  # one serialisation for both dialects (sent, sized and journaled alike)
 
 
 def _text_size(text: str) -> int:

@@ -36,7 +36,13 @@ from ..model.port import (
     ToolCall,
 )
 from ..model.function_gate import FunctionGate
-from ..model.prompt import TOOL_RESPONSE_CLOSE, TOOL_RESPONSE_OPEN, render_system_prompt, tools_from_prompt
+from ..model.prompt import (
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    parse_tool_call,
+    render_system_prompt,
+    tools_from_prompt,
+)
 from .speech import SpeechDecoder, render_token_audio, split_tokens
 
 SOTC = "<SPECIAL_20>"
@@ -373,7 +379,7 @@ class SimulatorModel:
                 self._fn_payload += token
             if token == EOTC:
                 self._fn_awaiting = True
-                return token, _parse_call(self._fn_payload)
+                return token, parse_tool_call(self._fn_payload)
             return token, None
         if self._inject:
             self._fn_awaiting = False
@@ -426,19 +432,6 @@ def _reply_text(template: str, transcript: str) -> str:
     if transcript[-1:] in (".", "!", "?") and text.endswith(transcript + "."):
         text = text[:-1]
     return text
-
-
-def _parse_call(payload: str) -> ToolCall | None:
-    body = payload.removeprefix("<TOOLCALL>").removesuffix("</TOOLCALL>")
-    try:
-        calls = json.loads(body)
-        first = calls[0]
-        args = first.get("arguments", {})
-        if isinstance(args, str):
-            args = json.loads(args)
-        return ToolCall(str(first["name"]), dict(args), payload)
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
 
 
 def _unwrap_result(text: str) -> str:

@@ -23,7 +23,6 @@ Channel rules (model.md §3-§6, v3-contract §7; the simulator in ``sim/model.p
 from __future__ import annotations
 
 import enum
-import json
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from ...model.port import (
     StepResult,
     ToolCall,
 )
+from ...model.prompt import parse_tool_call
 
 DEFAULT_TAIL_POSITIONS = 3
 """Positions from the forced/predicted agent EOS to the response's acoustic terminal (the talker's tail)."""
@@ -275,16 +275,3 @@ class ThinkerSession:
             self.edges["last_eos_forced_frame"] = frame
         elif token == ids.bos:
             self.counters["agent_bos_forced"] += 1
-
-
-def parse_tool_call(payload: str) -> ToolCall | None:
-    """The first call of a ``<TOOLCALL>[{"name": ..., "arguments": ...}]</TOOLCALL>`` payload (None if malformed)."""
-    body = payload.strip().removeprefix("<TOOLCALL>").removesuffix("</TOOLCALL>")
-    try:
-        first = json.loads(body)[0]
-        args = first.get("arguments", {})
-        if isinstance(args, str):
-            args = json.loads(args)
-        return ToolCall(str(first["name"]), dict(args), payload)
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
