@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vllm_omni_voicechat.audio.frames import FRAME_SECONDS, INPUT_FRAME_BYTES
+from vllm_omni_voicechat.bench.workload import split_frames
 from vllm_omni_voicechat.sim.speech import render_speech
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -124,9 +125,13 @@ SILENCE = bytes(INPUT_FRAME_BYTES)
 
 
 def speech_frames(phrase: str) -> list[bytes]:
-    pcm = render_speech(phrase)
-    pcm += bytes(-len(pcm) % INPUT_FRAME_BYTES)
-    return [pcm[i:i + INPUT_FRAME_BYTES] for i in range(0, len(pcm), INPUT_FRAME_BYTES)]
+    return split_frames(render_speech(phrase))
+
+
+def v3_append(pcm: bytes) -> str:
+    """A v3 ``input_audio_buffer.append`` of 16 kHz mono PCM16."""
+    return json.dumps({"type": "input_audio_buffer.append", "encoding": "pcm16", "sample_rate": 16000,
+                       "channels": 1, "audio": base64.b64encode(pcm).decode()})
 
 
 def session_update(dialect: str, instructions: str = "Be brief.") -> str:

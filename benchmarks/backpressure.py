@@ -38,9 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import websockets
+from _common import v3_append
 from fault_injection import InProcessServer
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.bench.workload import split_frames
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.server.app import asgi_transport
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
@@ -54,14 +56,8 @@ LATE_MS = 80.0  # a talker position is late when its metrics arrive a frame or m
 DEFAULTS = {name: f.default for name, f in ServerConfig.__dataclass_fields__.items()}  # a position that started half a frame or more after it was due
 
 
-def append(pcm: bytes) -> str:
-    return json.dumps({"type": "input_audio_buffer.append", "encoding": "pcm16", "sample_rate": 16000,
-                       "channels": 1, "audio": base64.b64encode(pcm).decode()})
-
-
-def frames(pcm: bytes) -> list[bytes]:
-    pcm += bytes(-len(pcm) % INPUT_FRAME_BYTES)
-    return [pcm[i:i + INPUT_FRAME_BYTES] for i in range(0, len(pcm), INPUT_FRAME_BYTES)]
+append = v3_append
+frames = split_frames
 
 
 class Talker:

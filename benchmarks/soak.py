@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import random
 import subprocess
@@ -37,8 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import websockets
+from _common import rss_bytes, v3_append
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.bench.workload import split_frames
 from vllm_omni_voicechat.sim.speech import render_speech
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -93,15 +94,6 @@ def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
                       sum(s["outbound_overflows"] for s in app.backpressure)}), flush=True)
 
 
-def rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 class ServerProcess:
@@ -136,14 +128,8 @@ class ServerProcess:
 # ====================================================================== the client slots
 
 
-def append(pcm: bytes) -> str:
-    return json.dumps({"type": "input_audio_buffer.append", "encoding": "pcm16", "sample_rate": 16000,
-                       "channels": 1, "audio": base64.b64encode(pcm).decode()})
-
-
-def frames(pcm: bytes) -> list[bytes]:
-    pcm += bytes(-len(pcm) % INPUT_FRAME_BYTES)
-    return [pcm[i:i + INPUT_FRAME_BYTES] for i in range(0, len(pcm), INPUT_FRAME_BYTES)]
+append = v3_append
+frames = split_frames
 
 
 SILENCE = append(bytes(INPUT_FRAME_BYTES))

@@ -38,7 +38,7 @@ class VirtualClock:
     async def sleep(self, delay: float) -> None:
         self.slept.append(delay)
         self.now += delay
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # ok: one loop turn (a yield), the virtual clock already advanced
 
 
 def frames_of(script: str) -> list[list[bytes]]:
