@@ -232,8 +232,16 @@ def test_model_ready_barrier_waits_for_the_prefill():
         c.close()
 
 
+@pytest.fixture
+def fresh_url():
+    """A server of its own: the shared one may still be releasing an earlier test's slots (server_busy)."""
+    with running_server(ServerConfig.simulator(settlement_blank_frames=3, max_sessions=8)) as base:
+        yield base
+
+
 @pytest.mark.parametrize("sessions", [2, 8])
-def test_concurrent_sessions_streaming_paced_audio_do_not_interfere(url, sessions):
+def test_concurrent_sessions_streaming_paced_audio_do_not_interfere(fresh_url, sessions):
+    url = fresh_url
     phrases = [f"session number {i} says {w}" for i, w in enumerate(["red", "green", "blue", "cyan", "gold", "pink",
                                                                     "gray", "teal"][:sessions])]
     results: dict[int, str] = {}
