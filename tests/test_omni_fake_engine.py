@@ -67,16 +67,18 @@ def test_each_append_is_one_stage0_submit_on_the_resumable_request_and_close_abo
     assert engine._open_session(sid, config).ok
     for _ in range(5):
         engine._submit_command(sid, AppendAudio(audio=fake.frame, format="pcm_f32le", sample_rate_hz=16000))
-    wait_until(lambda: len(stage0.requests) == 5 and len(fake.stage2_packets) == 5,
+    # (the constant audio opens a response at position 5, which vLLM-Omni's runner then plays out with positions of
+    # its own: count the first five, not an exact total a poll may miss)
+    wait_until(lambda: len(stage0.requests) >= 5 and len(fake.stage2_packets) >= 5,
                state=lambda: (len(stage0.requests), len(fake.stage2_packets), fake.drain_events()))
 
     ids = {r.request_id for r in stage0.requests}
     assert len(ids) == 1 and next(iter(ids)).endswith(".r.stage0")  # one resumable Stage-0 request
-    seqs = [r.model_intermediate_buffer["duplex"]["seq"] for r in stage0.requests]
+    seqs = [r.model_intermediate_buffer["duplex"]["seq"] for r in stage0.requests[:5]]
     assert seqs == [1, 2, 3, 4, 5]
     assert all(r.resumable for r in stage0.requests)
     assert len(stage0.requests[0].prompt_token_ids) > len(stage0.requests[1].prompt_token_ids)  # prompt + frame 0
-    wait_until(lambda: sum(1 for stage, _ in fake.projected if stage == 2) == 5)
+    wait_until(lambda: sum(1 for stage, _ in fake.projected if stage == 2) >= 5)
 
     assert engine._close_session(sid).ok
     wait_until(lambda: next(iter(ids)) in stage0.aborted)
