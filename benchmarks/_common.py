@@ -1,4 +1,5 @@
-"""Shared pieces of the capacity and overhead benchmarks: statistics, reports, plots and the scripted client.
+"""Shared pieces of the capacity and overhead benchmarks: statistics, reports, plots, a timed model port and the
+scripted client.
 
 The scripted client is the one workload every benchmark here runs, whichever stack serves it: a reactive
 full-duplex talker whose microphone never stops (one 80 ms append per tick), which says a short phrase, waits
@@ -15,6 +16,8 @@ import os
 import platform
 import random
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +30,8 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vllm_omni_voicechat.audio.frames import FRAME_SECONDS, INPUT_FRAME_BYTES
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.bench.workload import split_frames
-from vllm_omni_voicechat.sim.speech import render_speech
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BUDGET_US = FRAME_SECONDS * 1e6
@@ -96,6 +99,34 @@ def rss_bytes(pid: int | str = "self") -> int | None:
 
 
 # ====================================================================== the scripted client
+
+
+class TimedModel:
+    """A model port whose ``step`` and ``prefill`` time is accumulated: the model cost a benchmark subtracts."""
+
+    def __init__(self, model: Any, clock: Callable[[], int] = time.thread_time_ns) -> None:
+        self.model = model
+        self.clock = clock
+        self.ns = 0
+        """Time in ``step`` and ``prefill``."""
+        self.steps = 0
+
+    def prefill(self, prompt: Any) -> None:
+        clock = self.clock
+        t0 = clock()
+        self.model.prefill(prompt)
+        self.ns += clock() - t0
+
+    def step(self, position: Any) -> Any:
+        clock = self.clock
+        t0 = clock()
+        result = self.model.step(position)
+        self.ns += clock() - t0
+        self.steps += 1
+        return result
+
+    def abort(self) -> None:
+        self.model.abort()
 
 
 def pcm16_to_f32(pcm: bytes) -> bytes:

@@ -39,14 +39,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 import websockets
 from _common import v3_append
-from fault_injection import InProcessServer
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.bench.workload import split_frames
 from vllm_omni_voicechat.server import ServerConfig
-from vllm_omni_voicechat.server.app import asgi_transport
+from vllm_omni_voicechat.server.inprocess import InProcessServer
+from vllm_omni_voicechat.server.uvicorn import transport_for as asgi_transport
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.sim.speech import render_speech
 from vllm_omni_voicechat.trace.recorder import TraceRecorder
 
 RESULTS = Path(__file__).resolve().parent / "results"

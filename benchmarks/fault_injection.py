@@ -26,9 +26,7 @@ import importlib
 import importlib.util
 import json
 import random
-import socket
 import sys
-import threading
 import time
 import types
 from collections import Counter
@@ -43,9 +41,9 @@ except ImportError:  # pragma: no cover
 
 import numpy as np
 
-from vllm_omni_voicechat.server import ServerConfig, create_app
-from vllm_omni_voicechat.server.app import VoicechatUvicornServer
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
+from vllm_omni_voicechat.server import ServerConfig
+from vllm_omni_voicechat.server.inprocess import InProcessServer
 from vllm_omni_voicechat.trace.recorder import TraceRecorder
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -438,38 +436,6 @@ def summarize(results: list[dict], wall_s: float) -> dict:
 
 
 # ====================================================================== the server
-
-
-class InProcessServer:
-    """uvicorn on a free loopback port in a background thread (the same setup as the tests)."""
-
-    def __init__(self, config: ServerConfig) -> None:
-        import uvicorn
-
-        ready = threading.Event()
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-        def on_ready() -> None:
-            self.loop = asyncio.get_running_loop()  # the server's loop (the soak counts its tasks)
-            ready.set()
-
-        self.app = create_app(config, on_ready=on_ready)
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.url = f"ws://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = VoicechatUvicornServer(uvicorn.Config(self.app, ws_ping_interval=None, ws_ping_timeout=None,
-                                                            log_level="warning"), self.app.state.voicechat)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        if not ready.wait(30):
-            raise RuntimeError("server did not start")
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
 
 
 def main(argv: list[str] | None = None) -> dict:

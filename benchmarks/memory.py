@@ -50,15 +50,12 @@ def drive(dialect: str, n: int, ticks: int, seed: int, *, ack: bool = False) -> 
     for k in range(ticks):
         now = k * 0.08
         for h in hosts:
-            h.now = now
-            for text in h.client.tick():
-                h._handle(h.protocol.receive(text, now))
-                h.pump()
-            for text in h.texts:
+            h.deliver(h.client.tick(), now)
+            sent = h.collect()
+            for text in sent:
                 h.client.observe(text)
-            if ack and h.texts and h.protocol.journal is not None:
+            if ack and sent and h.protocol.journal is not None:
                 h.protocol.journal.acknowledge(h.protocol.journal.head)  # what session.event_ack does
-            h.texts.clear()
     return hosts
 
 

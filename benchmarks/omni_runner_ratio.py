@@ -53,14 +53,24 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
-from _common import RESULTS, AppendCache, machine_info, pyplot, scripted_frames, session_update, write_report
+from _common import (
+    RESULTS,
+    AppendCache,
+    TimedModel,
+    machine_info,
+    pyplot,
+    scripted_frames,
+    session_update,
+    write_report,
+)
 
 from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt
 from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
 from vllm_omni_voicechat.session.settlement import DEFAULT_FENCE
 from vllm_omni_voicechat.shell.aio import SessionShell
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.wire.tiered.connection import Outbound, TieredOptions, TieredSession
+from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
+from vllm_omni_voicechat.wire.transport import Outbound
 
 DEFAULT_OUT = RESULTS / "omni_runner_ratio.json"
 _clock = time.thread_time_ns  # the simulator runs on the loop thread in both stacks
@@ -69,29 +79,6 @@ PAD, BOS, EOS = 12, 1, 2
 
 def _close_text() -> str:
     return json.dumps({"type": "session.close"})
-
-
-class TimedModel:
-    """The simulator with its time accumulated (the model cost both stacks subtract)."""
-
-    def __init__(self, model: SimulatorModel, meter: list[int]) -> None:
-        self.model = model
-        self.meter = meter
-
-    def prefill(self, prompt: SessionPrompt) -> None:
-        t0 = _clock()
-        self.model.prefill(prompt)
-        self.meter[0] += _clock() - t0
-
-    def step(self, position: PositionInput):
-        t0 = _clock()
-        result = self.model.step(position)
-        self.meter[0] += _clock() - t0
-        self.meter[1] += 1
-        return result
-
-    def abort(self) -> None:
-        self.model.abort()
 
 
 class InlineExecutor(concurrent.futures.Executor):
@@ -110,13 +97,13 @@ class InlineExecutor(concurrent.futures.Executor):
 
 
 def _drained(shell: SessionShell) -> bool:
-    """Every queued client text handled and every frame run (benchmark-only peek at the shell and the core)."""
+    """Every queued client text handled and every frame run."""
     core = shell.core.core
-    return shell._inbox.empty() and core.configured and not core._queue and core.runner.in_flight is None
+    return shell.inbox_empty and core.configured and not core.work and core.runner.in_flight is None
 
 
 async def run_ours(scripts: list[list[str]]) -> dict:
-    meter = [0, 0]  # model ns, positions
+    models: list[TimedModel] = []
     counts = {"events": 0, "bytes": 0, "responses": 0, "audio_deltas": 0}
     executor = InlineExecutor()
     shells = []
@@ -135,7 +122,9 @@ async def run_ours(scripts: list[list[str]]) -> dict:
 
         for item in protocol.start(time.monotonic()):  # as server/app.py does before the shell runs
             sink(item)
-        shell = SessionShell(protocol, TimedModel(SimulatorModel(), meter), sink, executor=executor)
+        model = TimedModel(SimulatorModel(), _clock)
+        models.append(model)
+        shell = SessionShell(protocol, model, sink, executor=executor)
         shells.append(shell)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     tasks = [asyncio.ensure_future(s.run()) for s in shells]
@@ -151,7 +140,7 @@ async def run_ours(scripts: list[list[str]]) -> dict:
     for shell in shells:
         shell.submit(_close_text())
     await asyncio.gather(*tasks)
-    return _result("ours", cpu, wall, meter[0], meter[1], counts)
+    return _result("ours", cpu, wall, sum(m.ns for m in models), sum(m.steps for m in models), counts)
 
 
 # ====================================================================== vLLM-Omni's runner

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Runtime overhead of the Stage 0 runner + session core, against the simulator model step.
 
-Drives :class:`~vllm_omni_voicechat.session.core.SessionCore` directly (not through ``SyncDriver``) so that every
-core call can be timed on its own, through scripted full-duplex conversations on a manual virtual clock that
-advances one frame (80 ms) per position:
+Hosts :class:`~vllm_omni_voicechat.session.core.SessionCore` on the synchronous host (``SyncDriver``) through a
+timing wrapper with the same driving interface, so that every core call is timed on its own, through scripted
+full-duplex conversations on the host's virtual clock, which advances one frame (80 ms) per position:
 
 * configure (the ``Prefill`` effect is fulfilled with ``model.prefill`` + ``core.prefilled``);
 * voice turns: ``StartTurn`` -> simulator speech (``render_speech``) with leading/trailing silence appended in
@@ -56,6 +56,7 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vllm_omni_voicechat.audio.frames import FRAME_SECONDS, INPUT_FRAME_BYTES, SILENT_INPUT_FRAME
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt
 from vllm_omni_voicechat.runner.stage0 import Position
 from vllm_omni_voicechat.session.commands import (
@@ -67,18 +68,10 @@ from vllm_omni_voicechat.session.commands import (
     StartTurn,
     Stop,
 )
-from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
-from vllm_omni_voicechat.session.events import (
-    AbortModel,
-    CancelSynthesis,
-    NativeEvent,
-    Output,
-    Prefill,
-    ResponseDone,
-    StartSynthesis,
-)
+from vllm_omni_voicechat.session.core import SessionConfig, SessionCore, Tick
+from vllm_omni_voicechat.session.events import Output, ResponseDone
+from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimulatorModel
-from vllm_omni_voicechat.sim.speech import render_speech
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 
 DEFAULT_POSITIONS = 20_000
@@ -138,105 +131,157 @@ class SessionRecord:
     ops: list = field(default_factory=list)  # PositionInput, or None for an abort
 
 
+class TimedCore:
+    """The session core behind the driving interface, each call timed: the core time not yet attributed to a
+    position accumulates per entry point until ``complete`` closes the position."""
+
+    def __init__(self, conv: "Conversation", core: SessionCore) -> None:
+        self.conv = conv
+        self.core = core
+        self.session_id = core.session_id
+
+    @property
+    def closed(self) -> bool:
+        return self.core.closed
+
+    def receive(self, command: Command, now: float) -> list[Output]:
+        t0 = _clock()
+        out = self.core.receive(command, now)
+        self.conv.recv_ns += _clock() - t0
+        return out
+
+    def poll(self, now: float) -> Tick:
+        t0 = _clock()
+        tick = self.core.poll(now)
+        self.conv.poll_ns += _clock() - t0
+        return tick
+
+    def complete(self, position: Position, result, now: float) -> list[Output]:
+        t1 = _clock()
+        out = self.core.complete(position, result, now)
+        t2 = _clock()
+        self.conv.on_position(position, result, t2 - t1)
+        return out
+
+    def fail(self, position: Position, error: BaseException, now: float) -> list[Output]:
+        return self.core.fail(position, error, now)
+
+    def prefilled(self, now: float) -> list[Output]:
+        t0 = _clock()
+        out = self.core.prefilled(now)  # the prefill itself is model work: not core overhead
+        self.conv.recv_ns += _clock() - t0
+        return out
+
+    def prefill_failed(self, error: BaseException, now: float) -> list[Output]:
+        return self.core.prefill_failed(error, now)
+
+    def synthesis_done(self, job_id: str, pcm16: bytes, now: float) -> list[Output]:
+        t0 = _clock()
+        out = self.core.synthesis_done(job_id, pcm16, now)
+        self.conv.recv_ns += _clock() - t0
+        return out
+
+    def synthesis_failed(self, job_id: str, error: BaseException, now: float) -> list[Output]:
+        return self.core.synthesis_failed(job_id, error, now)
+
+    def disconnect(self, now: float) -> list[Output]:
+        return self.core.disconnect(now)
+
+
+class RecordedModel:
+    """The simulator with its steps timed and its inputs recorded for the baseline replay (None: an abort)."""
+
+    def __init__(self, record: SessionRecord) -> None:
+        self.model = SimulatorModel()
+        self.record = record
+        self.last_step_ns = 0
+
+    def prefill(self, prompt: SessionPrompt) -> None:
+        self.model.prefill(prompt)
+
+    def step(self, inp: PositionInput):
+        t0 = _clock()
+        result = self.model.step(inp)
+        self.last_step_ns = _clock() - t0
+        self.record.ops.append(inp)
+        return result
+
+    def abort(self) -> None:
+        self.model.abort()
+        self.record.ops.append(None)
+
+
+class TimedSynthesizer:
+    """The simulator synthesizer with each synthesis timed (synthesizer work: not core overhead)."""
+
+    def __init__(self, synth: SimulatorSynthesizer, samples: list[int]) -> None:
+        self.synth = synth
+        self.samples = samples
+
+    def synthesize(self, text: str) -> bytes:
+        t0 = _clock()
+        pcm = self.synth.synthesize(text)
+        self.samples.append(_clock() - t0)
+        return pcm
+
+
 class Conversation:
-    """Drives one :class:`SessionCore` + :class:`SimulatorModel` pair and times every core call."""
+    """Drives one :class:`SessionCore` + :class:`SimulatorModel` pair on the synchronous host; times every core
+    call."""
 
     def __init__(self, bench: "Bench", session_no: int, prompt: SessionPrompt) -> None:
         self.b = bench
         self.core = SessionCore(SessionConfig(session_id=f"bench{session_no}"))
-        self.model = SimulatorModel()
-        self.synth = bench.synth
-        self.now = 0.0
         self.record = SessionRecord(prompt)
+        self.model = RecordedModel(self.record)
+        self.host = SyncDriver(TimedCore(self, self.core), self.model,
+                               synthesizer=TimedSynthesizer(bench.synth, bench.synth_ns),
+                               step_seconds=FRAME_SECONDS)
         self.positions = 0
         self.client_turn = 0
         self.jobs = 0
         # core time not yet attributed to a position, split by entry point
-        self._recv_ns = 0
-        self._poll_ns = 0
-
-    # --- timed core entry points ------------------------------------------------------------------------
+        self.recv_ns = 0
+        self.poll_ns = 0
 
     def send(self, cmd: Command) -> None:
-        t0 = _clock()
-        out = self.core.receive(cmd, self.now)
-        self._recv_ns += _clock() - t0
-        self._dispatch(out)
+        self.host.send(cmd)
+        self._tally()
 
-    def _dispatch(self, outputs: list[Output]) -> None:
+    def _tally(self) -> None:
+        """Count what the host collected (untimed), then let it go."""
         b = self.b
-        for o in outputs:
-            if isinstance(o, NativeEvent):
-                b.events[type(o).__name__] += 1
-                if isinstance(o, ResponseDone):
-                    b.responses[o.status] += 1
-                continue
-            b.effects[type(o).__name__] += 1
-            if isinstance(o, Prefill):
-                self.model.prefill(o.prompt)  # model work: not core overhead
-                t0 = _clock()
-                out = self.core.prefilled(self.now)
-                self._recv_ns += _clock() - t0
-                self._dispatch(out)
-            elif isinstance(o, StartSynthesis):
-                t0 = _clock()
-                pcm = self.synth.synthesize(o.text)  # synthesizer work: not core overhead
-                b.synth_ns.append(_clock() - t0)
-                t0 = _clock()
-                out = self.core.synthesis_done(o.job_id, pcm, self.now)
-                self._recv_ns += _clock() - t0
-                self._dispatch(out)
-            elif isinstance(o, AbortModel):
-                self.model.abort()
-                self.record.ops.append(None)
-            elif isinstance(o, CancelSynthesis):
-                pass
+        for event in self.host.events:
+            b.events[type(event).__name__] += 1
+            if isinstance(event, ResponseDone):
+                b.responses[event.status] += 1
+        for effect in self.host.effects:
+            b.effects[type(effect).__name__] += 1
+        self.host.events.clear()
+        self.host.effects.clear()
 
-    def _run(self, position: Position) -> None:
-        inp: PositionInput = position.input
-        t0 = _clock()
-        result = self.model.step(inp)
-        t1 = _clock()
-        self.now += FRAME_SECONDS
-        out = self.core.complete(position, result, self.now)
-        t2 = _clock()
-        model_ns = t1 - t0
-        complete_ns = t2 - t1
-        core_ns = self._recv_ns + self._poll_ns + complete_ns
+    def on_position(self, position: Position, result, complete_ns: int) -> None:
+        """A position completed: its core time is everything since the previous one."""
         b = self.b
+        core_ns = self.recv_ns + self.poll_ns + complete_ns
         if b.measuring:
-            b.model_ns.append(model_ns)
+            b.model_ns.append(self.model.last_step_ns)
             b.core_ns.append(core_ns)
-            b.recv_ns.append(self._recv_ns)
-            b.poll_ns.append(self._poll_ns)
+            b.recv_ns.append(self.recv_ns)
+            b.poll_ns.append(self.poll_ns)
             b.complete_ns.append(complete_ns)
             b.kinds.append(position.kind.value)
             b.controls.append(result.agent.control.value)
-        self._recv_ns = self._poll_ns = 0
-        self.record.ops.append(inp)
+        self.recv_ns = self.poll_ns = 0
         self.positions += 1
         b.positions += 1
-        self._dispatch(out)
 
-    def pump(self, *, until_idle: bool, max_positions: int | None = None) -> int:
+    def pump(self, *, until_idle: bool, max_positions: int = 100_000) -> int:
         """Run the positions that are due; with ``until_idle`` jump the clock to paced deadlines too."""
-        n = 0
-        core = self.core
-        while True:
-            t0 = _clock()
-            tick = core.poll(self.now)
-            self._poll_ns += _clock() - t0
-            self._dispatch(tick.outputs)
-            if tick.position is not None:
-                self._run(tick.position)
-                n += 1
-                if max_positions is not None and n >= max_positions:
-                    return n
-                continue
-            if until_idle and tick.wake_at is not None:
-                self.now = max(self.now, tick.wake_at)
-                continue
-            return n
+        before = self.host.positions
+        self.host.run(max_positions=max_positions, advance_time=until_idle)
+        self._tally()
+        return self.host.positions - before
 
     # --- client behaviour -----------------------------------------------------------------------------
 
@@ -321,12 +366,12 @@ class Conversation:
         self.send(Stop())
         self.pump(until_idle=True)
         # core work after the last position (the stop) is charged to that position
-        if self.b.measuring and self.b.core_ns and (self._recv_ns or self._poll_ns):
-            extra = self._recv_ns + self._poll_ns
+        if self.b.measuring and self.b.core_ns and (self.recv_ns or self.poll_ns):
+            extra = self.recv_ns + self.poll_ns
             self.b.core_ns[-1] += extra
-            self.b.recv_ns[-1] += self._recv_ns
-            self.b.poll_ns[-1] += self._poll_ns
-        self._recv_ns = self._poll_ns = 0
+            self.b.recv_ns[-1] += self.recv_ns
+            self.b.poll_ns[-1] += self.poll_ns
+        self.recv_ns = self.poll_ns = 0
         if self.core.closed:
             self.b.scenario["sessions_closed"] += 1
 

@@ -2,14 +2,15 @@
 """Server overhead per 80 ms model position at 1, 10 and 100 concurrent sessions, model excluded.
 
 Each session is the server's own protocol object, built as ``server/app.py`` builds it (``V3Session`` for the v3
-dialect, ``TieredSession`` for the tiered one, over a ``SessionCore``), driven in-process on a virtual clock by the
-shared scripted client (``_common.ScriptedClient``): one 80 ms append per tick per session, round-robin across
-the sessions. Per session tick, what is timed is everything the server does for that tick's client texts:
-protocol parse + audio decode (``receive``), the runner and session core (``poll``/``complete``), the projector,
-and the JSON encoding of every outgoing event (v3: ``json.dumps`` as the app sends it; tiered: the journal's
-compact JSON, made inside the protocol object). The simulator's ``step`` (the model) is timed separately and
-subtracted; its prefill is not counted. Not included: the asyncio shell, the executor hop and the socket (the
-capacity benchmark covers those).
+dialect, ``TieredSession`` for the tiered one, over a ``SessionCore``), hosted by the synchronous host
+(``shell/sync.py``) on a virtual clock and driven by the shared scripted client (``_common.ScriptedClient``): one
+80 ms append per tick per session, round-robin across the sessions. Per session tick, what is timed is everything
+the server does for that tick's client texts: protocol parse + audio decode (``receive``), the runner and session
+core (``poll``/``complete``), the projector, and the compact JSON of every outgoing event (made inside the
+protocol object for both dialects). The benchmark's own bookkeeping of what was sent (texts for the scripted
+client, journaled byte counts) happens after the timed work. The simulator's ``step`` (the model) is timed separately and subtracted; its
+prefill is not counted. Not included: the asyncio shell, the executor hop and the socket (the capacity benchmark
+covers those).
 
 A sample is one model position: a tick's overhead divided over the positions it ran (a tick that ran none, a
 gated frame, carries its cost to the next position).
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import sys
 import time
@@ -39,6 +39,7 @@ from _common import (
     RESULTS,
     AppendCache,
     ScriptedClient,
+    TimedModel,
     machine_info,
     pyplot,
     session_update,
@@ -47,20 +48,16 @@ from _common import (
 )
 
 from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
-from vllm_omni_voicechat.session.events import AbortModel, Effect, Prefill
+from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimulatorModel
-from vllm_omni_voicechat.wire.tiered.connection import Outbound, TieredOptions, TieredSession
-from vllm_omni_voicechat.wire.transport import CloseTransport
+from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
+from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
 from vllm_omni_voicechat.wire.v3 import V3Options, V3Session
 
 DEFAULT_OUT = RESULTS / "server_overhead.json"
 DEFAULT_SESSIONS = (1, 10, 100)
 DIALECTS = ("v3", "tiered")
 _clock = time.thread_time_ns  # CPU time of this thread: preemption by other processes is not counted
-
-
-def _dumps(event: dict) -> str:
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)  # what server/app.py sends for v3
 
 
 def build_protocol(dialect: str, n: int, max_sessions: int) -> Any:
@@ -73,64 +70,51 @@ def build_protocol(dialect: str, n: int, max_sessions: int) -> Any:
 
 
 class HostedSession:
-    """One server-side session hosted inline: effects run at once, events are encoded to wire texts."""
+    """One server-side session on the synchronous host: effects run at once, events come out as wire texts."""
 
     def __init__(self, dialect: str, n: int, max_sessions: int, rng: random.Random, cache: AppendCache) -> None:
         self.dialect = dialect
         self.protocol = build_protocol(dialect, n, max_sessions)
-        self.model = SimulatorModel()
+        self.model = TimedModel(SimulatorModel(), _clock)  # model work (step and prefill): excluded
         self.client = ScriptedClient(dialect, rng, cache)
-        self.model_ns = 0
-        self.positions = 0
-        self.texts: list[str] = []
         self.closed_code: int | None = None
         self.journaled_bytes = 0
-        self.now = 0.0
-        self._handle(self.protocol.start(0.0))
-        for text in self.texts:
+        self._outputs: list[Any] = []  # what the protocol handed its transport, collected after the timed work
+        self.host = SyncDriver(self.protocol, self.model, on_event=self._outputs.append, keep=False)
+        self.host.dispatch(self.protocol.start(0.0))
+        for text in self.collect():
             self.client.observe(text)
-        self.texts.clear()
-        self.send(session_update(dialect), 0.0)
-        self.texts.clear()
+        self.deliver([session_update(dialect)], 0.0)
+        self.collect()
 
-    def _handle(self, outputs: list[Any]) -> None:
-        texts = self.texts
-        for o in outputs:
+    @property
+    def model_ns(self) -> int:
+        return self.model.ns
+
+    @property
+    def positions(self) -> int:
+        return self.host.positions
+
+    def deliver(self, texts: list[str], now: float) -> None:
+        """The client's texts of one tick, each followed by the positions that became due."""
+        host = self.host
+        host.clock.advance_to(now)
+        for text in texts:
+            host.send(text)
+            host.run(advance_time=False)
+
+    def collect(self) -> list[str]:
+        """The wire texts sent since the last call (benchmark bookkeeping, outside the timed work)."""
+        texts = []
+        for o in self._outputs:
             if isinstance(o, Outbound):
                 texts.append(o.text)
                 if o.seq is not None:
                     self.journaled_bytes += len(o.text.encode())  # what a resume journal records (memory.py)
             elif isinstance(o, CloseTransport):
                 self.closed_code = o.code
-            elif isinstance(o, Effect):
-                if isinstance(o, Prefill):
-                    t0 = _clock()
-                    self.model.prefill(o.prompt)  # model work: excluded
-                    self.model_ns += _clock() - t0
-                    self._handle(self.protocol.prefilled(self.now))
-                elif isinstance(o, AbortModel):
-                    self.model.abort()
-                # StartSynthesis / CancelSynthesis: typed input is not in this workload
-            else:
-                texts.append(_dumps(o))
-
-    def pump(self) -> None:
-        p = self.protocol
-        while True:
-            tick = p.poll(self.now)
-            self._handle(tick.outputs)
-            if tick.position is None:
-                return
-            t0 = _clock()
-            result = self.model.step(tick.position.input)
-            self.model_ns += _clock() - t0
-            self.positions += 1
-            self._handle(p.complete(tick.position, result, self.now))
-
-    def send(self, text: str, now: float) -> None:
-        self.now = now
-        self._handle(self.protocol.receive(text, now))
-        self.pump()
+        self._outputs.clear()
+        return texts
 
 
 def run_level(dialect: str, sessions: int, ticks: int, seed: int) -> dict:
@@ -153,10 +137,7 @@ def run_level(dialect: str, sessions: int, ticks: int, seed: int) -> dict:
             texts = h.client.tick()
             m0, p0 = h.model_ns, h.positions
             t0 = _clock()
-            h.now = now
-            for text in texts:
-                h._handle(h.protocol.receive(text, now))
-                h.pump()
+            h.deliver(texts, now)
             elapsed = _clock() - t0
             model = h.model_ns - m0
             ran = h.positions - p0
@@ -172,11 +153,11 @@ def run_level(dialect: str, sessions: int, ticks: int, seed: int) -> dict:
             model_total += model
             positions_total += ran
             overhead_total += elapsed - model
-            for text in h.texts:
+            sent = h.collect()
+            for text in sent:
                 h.client.observe(text)
                 bytes_out += len(text)
-            events_out += len(h.texts)
-            h.texts.clear()
+            events_out += len(sent)
         tick_us.append(tick_total / 1000.0)
         tick_model_us.append(tick_model / 1000.0)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

@@ -39,8 +39,8 @@ import websockets
 from _common import rss_bytes, v3_append
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.bench.workload import split_frames
-from vllm_omni_voicechat.sim.speech import render_speech
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LATE_MS = 40.0  # a position that started half a frame or more after it was due
@@ -56,9 +56,8 @@ CITIES = ("Paris", "Oslo", "Lima", "Rome")
 
 def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
     """Child process: serve, print ``READY <url>``, then one JSON stats line per sample until stdin closes."""
-    from fault_injection import InProcessServer
-
     from vllm_omni_voicechat.server import ServerConfig
+    from vllm_omni_voicechat.server.inprocess import InProcessServer
 
     checkers: list[Any] = []
     kw: dict[str, Any] = {}

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from vllm_omni.clients.duplex import DuplexClient, DuplexClientError, ResponseHandle, write_pcm16_wav
 
-from vllm_omni_voicechat.client.talk import load_wav_16k
+from vllm_omni_voicechat.audio.speech import render_speech
+from vllm_omni_voicechat.audio.wav import load_wav_16k
 from vllm_omni_voicechat.omni.client_preset import SIMULATOR_MODEL, create_duplex_session_config, stream_pcm16
-from vllm_omni_voicechat.sim.speech import render_speech
 
 QUESTION = "Tell me a long story about the sea and the sky"
 INTERRUPTION = "Stop, what time is it?"

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from vllm_omni_voicechat.audio.wav import load_wav_16k
 from vllm_omni_voicechat.client import V3Client
-from vllm_omni_voicechat.client.talk import load_wav_16k
 from vllm_omni_voicechat.omni.thinker.checkpoint import local_rnnt_name
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import wave
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -28,8 +27,8 @@ import soxr
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner
 
-from vllm_omni_voicechat.client.talk import load_wav_16k
-from vllm_omni_voicechat.sim.speech import render_speech
+from vllm_omni_voicechat.audio.speech import render_speech
+from vllm_omni_voicechat.audio.wav import load_wav_16k, write_wav
 
 SDK_RATE = 24_000  # the SDK's default pcm16 rate, both directions
 CHUNK_BYTES = 4_800  # 100 ms at 24 kHz
@@ -126,12 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(out), f"failed: {error!r}", sep="\n", file=sys.stderr)
         return 1
     path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(SDK_RATE)
-        wav.writeframes(audio)
+    write_wav(path, audio, SDK_RATE)
     print("\n".join(out))
     print(f"{len(audio) / 2 / SDK_RATE:.2f} s of assistant audio -> {path}")
     return 0

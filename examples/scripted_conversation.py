@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import wave
 from pathlib import Path
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES, OUTPUT_SAMPLE_RATE
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
+from vllm_omni_voicechat.audio.wav import write_wav
 from vllm_omni_voicechat.model.port import SessionPrompt
 from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, Configure, RequestTypedInput, StartTurn, Stop
 from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
@@ -28,7 +29,6 @@ from vllm_omni_voicechat.session.events import (
 )
 from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimulatorModel
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 
 CHUNK = INPUT_FRAME_BYTES  # the client streams 80 ms appends
@@ -92,12 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     driver.run()
 
     out = Path(args.wav)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(out), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(OUTPUT_SAMPLE_RATE)
-        wav.writeframes(bytes(audio))
+    write_wav(out, bytes(audio))
 
     print("\n".join(lines))
     print(

@@ -22,9 +22,10 @@ import sys
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+from vllm_omni_voicechat.audio.speech import render_speech
+from vllm_omni_voicechat.audio.wav import load_wav_16k
 from vllm_omni_voicechat.client import V3Client, V3ClientError
-from vllm_omni_voicechat.client.talk import load_wav_16k, v3_url
-from vllm_omni_voicechat.sim.speech import render_speech
+from vllm_omni_voicechat.client.talk import v3_url
 
 # Standard-time UTC offsets (hours); no DST rules, so the example needs no tz database.
 UTC_OFFSETS = {

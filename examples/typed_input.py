@@ -18,8 +18,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from vllm_omni_voicechat.audio.wav import write_wav
 from vllm_omni_voicechat.client import OUTPUT_SAMPLE_RATE, V3Client, V3ClientError
-from vllm_omni_voicechat.client.talk import v3_url, write_wav
+from vllm_omni_voicechat.client.talk import v3_url
 
 DEFAULT_LINES = ["Hello, can you read this?", "What is the weather like?"]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import wave
 from pathlib import Path
 
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
+from vllm_omni_voicechat.audio.wav import write_wav
 from vllm_omni_voicechat.client import OUTPUT_SAMPLE_RATE, Response, V3Client, V3ClientError
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 
 async def spoken_turn(client: V3Client, client_turn_id: int, text: str, paced: bool) -> Response:
@@ -94,15 +94,6 @@ def transcript(client: V3Client) -> list[str]:
                 lines.append(f"assistant: {r.text or '<no text>'}  [{r.status}: {r.reason}]")
                 lines.append(f"  audio says: {decode_speech(bytes(r.audio), OUTPUT_SAMPLE_RATE) or '<silence>'}")
     return lines
-
-
-def write_wav(path: Path, pcm16: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(OUTPUT_SAMPLE_RATE)
-        wav.writeframes(pcm16)
 
 
 def main(argv: list[str] | None = None) -> int:

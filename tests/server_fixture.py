@@ -6,15 +6,14 @@ import contextlib
 import json
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 
-import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
-from vllm_omni_voicechat.server import ServerConfig, create_app
-from vllm_omni_voicechat.server.app import VoicechatServer, VoicechatUvicornServer
+from vllm_omni_voicechat.server import ServerConfig
+from vllm_omni_voicechat.server.app import VoicechatServer
+from vllm_omni_voicechat.server.inprocess import InProcessServer
 from vllm_omni_voicechat.trace.recorder import TraceRecorder
 
 
@@ -37,35 +36,12 @@ def running_app(config: ServerConfig, *, check_traces: bool = True) -> Iterator[
 
     Every socket the server serves goes through a TraceChecker (``ServerConfig.trace_factory``); at exit, once
     the server has stopped, any invariant violation fails the test with the listing."""
-    ready = threading.Event()
     recorder = TraceRecorder(config.trace_factory, history=int(os.environ.get("VOICECHAT_TRACE_HISTORY", "40")))
     if check_traces:
         config = replace(config, trace_factory=recorder)
-    app = create_app(config, on_ready=ready.set)
-    app.state.traces = recorder
-    # Bind and listen before uvicorn starts: connections queue in the backlog instead of being refused.
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    server = VoicechatUvicornServer(
-        uvicorn.Config(app, ws_ping_interval=None, ws_ping_timeout=None, log_level="warning"), app.state.voicechat
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    if not ready.wait(30):
-        raise RuntimeError("server did not start")
-    try:
-        yield f"ws://127.0.0.1:{port}", app.state.voicechat
-    except BaseException:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
-        raise
-    server.should_exit = True
-    thread.join(30)
-    sock.close()
+    with InProcessServer(config) as server:
+        server.app.state.traces = recorder
+        yield server.url, server.voicechat
     recorder.check()
 
 
@@ -78,6 +54,8 @@ class RawClient:
         )
         self.timeout = timeout
         self.received: list[dict] = []
+        self.close_reason: str | None = None
+        """The reason of the server's close frame, once :meth:`close_code` saw it."""
 
     def send(self, event: dict | str | bytes) -> None:
         self.ws.send(event if isinstance(event, (str, bytes)) else json.dumps(event))
@@ -108,7 +86,17 @@ class RawClient:
             while True:
                 self.recv()
         except ConnectionClosed as closed:
+            self.close_reason = closed.rcvd.reason if closed.rcvd else None
             return closed.rcvd.code if closed.rcvd else None
+
+    def expected_close_reason(self) -> str:
+        """What the close frame must carry after what was received: the first fatal error's code, else the
+        ``session.closed`` reason (contract close reasons; at most 123 UTF-8 bytes)."""
+        for e in self.received:
+            if e["type"] == "error" and e["error"]["fatal"]:
+                return e["error"]["code"]
+        closed = [e for e in self.received if e["type"] == "session.closed"]
+        return closed[-1]["reason"] if closed else ""
 
     def close(self) -> None:
         self.ws.close()

@@ -21,11 +21,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.server import ServerConfig
-from vllm_omni_voicechat.server.app import asgi_transport
+from vllm_omni_voicechat.server.uvicorn import transport_for as asgi_transport
 from vllm_omni_voicechat.shell.aio import SessionShell
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 from .server_fixture import RawClient, running_app
 

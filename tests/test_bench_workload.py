@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.bench.workload import (
     DEFAULT_SCRIPTS,
     TurnSource,
@@ -23,7 +24,6 @@ from vllm_omni_voicechat.bench.workload import (
     split_frames,
     turn_frames,
 )
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 
 def write_wav(path, samples: np.ndarray, rate: int, channels: int = 1) -> None:

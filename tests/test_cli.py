@@ -26,3 +26,12 @@ def test_serve_help_of_the_simulator_default_needs_no_vllm():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--realtime-default" in done.stdout
     assert PACKAGED_DEPLOY_CONFIG.is_file()
+
+
+def test_make_tiny_checkpoint_parses_without_importing_torch():
+    code = ("import sys; from vllm_omni_voicechat.cli import build_parser; "
+            "a = build_parser().parse_args(['make-tiny-checkpoint', 'out', '--seed', '3']); "
+            "print(a.command, a.directory, a.seed, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["make-tiny-checkpoint", "out", "3", "False"]

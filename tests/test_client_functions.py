@@ -14,6 +14,7 @@ import json
 import pytest
 from websockets.asyncio.server import serve
 
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.client import (
     TOOL_TIMEOUT_OUTPUT,
     ArbiterCapacityError,
@@ -26,7 +27,6 @@ from vllm_omni_voicechat.client import (
 from vllm_omni_voicechat.client.v3 import APPEND_BYTES
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.sim.model import SimBehaviour
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 from .server_fixture import running_server
 

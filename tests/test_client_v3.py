@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from websockets.asyncio.server import serve
 
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.client import ProtocolError, ServerError, SessionEnded, V3Client
 from vllm_omni_voicechat.server import ServerConfig
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 from .server_fixture import running_server
 
@@ -359,3 +359,36 @@ def test_response_violations_are_protocol_errors(bad, message):
                 await client.wait_for("never.sent", timeout=5)
 
     run(scenario())
+
+
+
+def test_stop_waits_for_the_server_s_close_which_follows_the_release():
+    """``stop`` waits for the server's close after ``session.closed`` instead of closing first. The server closes
+    only once the session is released (model aborted, slot freed), so when ``stop`` returns a client can reconnect
+    at once (inside vllm-omni serve the engine e2e saw a slot still held right after the client's own close).
+    A trace observer holds the server's loop for 0.3 s just before its close frame: a client that closed first
+    would be the one to send the first close."""
+    from .server_fixture import running_app
+
+    class HoldBeforeClose:
+        def client_event(self, message):
+            pass
+
+        def server_event(self, message):
+            pass
+
+        def transport_closed(self, code):
+            if code is not None:
+                time.sleep(0.3)  # ok: widens the window between session.closed and the close frame
+
+    config = ServerConfig.simulator(settlement_blank_frames=3, max_sessions=1,
+                                    trace_factory=lambda dialect: HoldBeforeClose())
+    with running_app(config) as (base, app):
+        async def main():
+            client = await configured(f"{base}/v1/voicechat")
+            closed = await client.stop()
+            return closed, client._ws.protocol.close_rcvd_then_sent, app.admission.active
+
+        closed, server_closed_first, active = run(main())
+        assert closed["type"] == "session.closed" and closed["reason"] == "client_stop"
+        assert server_closed_first is True and active == 0

@@ -16,8 +16,8 @@ from types import ModuleType
 
 import pytest
 
+from vllm_omni_voicechat.audio.speech import decode_speech
 from vllm_omni_voicechat.server import ServerConfig
-from vllm_omni_voicechat.sim.speech import decode_speech
 
 from .server_fixture import free_port, running_server
 

@@ -11,8 +11,8 @@ import wave
 
 import pytest
 
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.server import ServerConfig
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 from .compat import load_duplex_client_module
 from .server_fixture import free_port, running_server

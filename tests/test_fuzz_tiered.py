@@ -15,13 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
 from vllm_omni_voicechat.session.events import Prefill
 from vllm_omni_voicechat.sim.model import SimBehaviour
-from vllm_omni_voicechat.sim.speech import render_speech
-from vllm_omni_voicechat.trace.fuzz import TOOLS_TIERED, FuzzStats, fuzz
-from vllm_omni_voicechat.wire.tiered.connection import Outbound, TieredOptions, TieredSession
+from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
+from vllm_omni_voicechat.wire.transport import Outbound
 
+from .fuzz import TOOLS_TIERED, FuzzStats, fuzz
 from .tiered_harness import TieredDriver, types
 
 

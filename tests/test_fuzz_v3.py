@@ -13,7 +13,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_omni_voicechat.trace.fuzz import FuzzStats, fuzz
+from .fuzz import FuzzStats, fuzz
 
 
 def assert_clean(stats: FuzzStats) -> None:

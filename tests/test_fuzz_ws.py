@@ -14,10 +14,10 @@ import random
 
 import pytest
 
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.server import ServerConfig
-from vllm_omni_voicechat.sim.speech import render_speech
-from vllm_omni_voicechat.trace.fuzz import FuzzStats, TieredEpisode, V3Episode
 
+from .fuzz import FuzzStats, TieredEpisode, V3Episode
 from .server_fixture import RawClient, running_app
 
 FRAMES = 200

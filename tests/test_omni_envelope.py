@@ -52,7 +52,7 @@ def test_step_evidence_round_trips_without_audio():
     from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt
     from vllm_omni_voicechat.omni.envelope import decode_step, encode_evidence
     from vllm_omni_voicechat.sim.model import SimulatorModel
-    from vllm_omni_voicechat.sim.speech import render_speech
+    from vllm_omni_voicechat.audio.speech import render_speech
 
     sim = SimulatorModel()
     sim.prefill(SessionPrompt("Be brief."))
@@ -118,7 +118,7 @@ def test_start_forgets_and_reprimes():
 def _sim_results():
     from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt
     from vllm_omni_voicechat.sim.model import SimulatorModel
-    from vllm_omni_voicechat.sim.speech import render_speech
+    from vllm_omni_voicechat.audio.speech import render_speech
 
     sim = SimulatorModel()
     sim.prefill(SessionPrompt("Be brief."))

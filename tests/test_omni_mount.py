@@ -91,8 +91,19 @@ def test_our_routes_come_first_and_the_warmup_ran_through_the_engine(mounted):
     assert health["max_sessions"] == 4
 
 
+def test_the_plugin_takes_its_bounds_from_the_same_settings_as_the_server(mounted):
+    """One source of truth: the plugin's own position backstop and fence are the mount's settings (the YAML's
+    voicechat: block under explicit ones), not the plugin's built-in defaults."""
+    from vllm_omni_voicechat.omni.plugin import VC_MAX_SESSION_MODEL_FRAMES, VC_SETTLEMENT_BLANK_FRAMES
+
+    _, _, mount, _ = mounted
+    assert mount.plugin.runtime_defaults[VC_SETTLEMENT_BLANK_FRAMES] == 3 == mount.server.config.settlement_blank_frames
+    assert (mount.plugin.runtime_defaults[VC_MAX_SESSION_MODEL_FRAMES]
+            == mount.server.config.max_session_model_frames)
+
+
 def test_a_v3_client_completes_a_turn_through_the_mounted_route(mounted):
-    from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+    from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 
     from .server_fixture import RawClient
 
@@ -116,7 +127,7 @@ def test_a_v3_client_completes_a_turn_through_the_mounted_route(mounted):
 
 
 def test_duplex_client_completes_a_turn_through_the_mounted_route(mounted):
-    from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+    from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 
     from .compat import load_duplex_client_module
 
@@ -158,6 +169,21 @@ def test_the_plugin_mounts_our_routes_only_inside_vllm_omni_serve(monkeypatch):
     assert fake_api.router.routes == []  # not a serve process: nothing mounted
     monkeypatch.setattr(sys, "argv", ["vllm-omni", "serve", "m", "--omni"])
     VoiceChatDuplexPlugin(encode_audio)
-    assert [r.path for r in fake_api.router.routes] == ["/health", "/v1/realtime", "/v1/duplex", "/v1/voicechat"]
+    assert [r.path for r in fake_api.router.routes] == ["/health", "/v1/realtime", "/v1/duplex", "/v1/voicechat", "/",
+                                                        "/ui/{name}"]
     VoiceChatDuplexPlugin(encode_audio)  # a second load mounts nothing more
-    assert len(fake_api.router.routes) == 4
+    assert len(fake_api.router.routes) == 6
+
+
+def test_the_built_in_page_is_served_through_vllm_omnis_app(mounted):
+    import urllib.request
+
+    url, app, _, _ = mounted
+    assert [r.path for r in app.routes if r.path in ("/", "/ui/{name}")] == ["/", "/ui/{name}"]
+    base = url.replace("ws://", "http://")
+    with urllib.request.urlopen(base + "/", timeout=10) as r:
+        assert r.headers["Content-Type"] == "text/html; charset=utf-8"
+        assert '<script type="module" src="/ui/app.js"></script>' in r.read().decode()
+    with urllib.request.urlopen(base + "/ui/capture-worklet.js", timeout=10) as r:
+        assert r.headers["Content-Type"] == "text/javascript; charset=utf-8"
+        assert b'registerProcessor("voicechat-capture", CaptureProcessor)' in r.read()

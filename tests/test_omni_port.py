@@ -45,9 +45,9 @@ def session(engine, **config):
 
 
 def test_a_client_turn_runs_through_the_real_orchestrator_one_submit_per_position(engine):
+    from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
     from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn, Stop
     from vllm_omni_voicechat.session.events import AudioDelta, PositionMetrics, TextDone
-    from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
     before = len(engine.clients[0].requests)
     d = session(engine)
@@ -77,9 +77,9 @@ def test_a_client_turn_runs_through_the_real_orchestrator_one_submit_per_positio
 
 
 def test_two_sessions_share_the_engine_with_their_own_requests(engine):
+    from vllm_omni_voicechat.audio.speech import render_speech
     from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn
     from vllm_omni_voicechat.session.events import TextDone
-    from vllm_omni_voicechat.sim.speech import render_speech
 
     a, b = session(engine, session_id="A"), session(engine, session_id="B")
     for d, word in ((a, "one"), (b, "two")):
@@ -121,3 +121,45 @@ def test_a_thinker_without_voicechat_evidence_is_a_model_error():
         again.abort()
     finally:
         api.close()
+
+
+class _SlowOmni:
+    """An engine whose open never answers in time: records what the port does with the pending open."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.opened = asyncio.Event()
+        self.cancelled = False
+        self.timeouts: list[float] = []
+
+    async def open_session(self, config, *, timeout=None):
+        import asyncio
+
+        self.timeouts.append(timeout)
+        try:
+            await asyncio.sleep(3600)  # ok: an open that never answers (cancelled by the port)
+        except asyncio.CancelledError:
+            self.cancelled = True  # vLLM-Omni's open_session sends its compensating close here
+            raise
+
+
+def test_an_open_that_outlives_the_port_s_wait_is_cancelled_not_orphaned(engine, monkeypatch):
+    """A timed-out open used to keep running on the API loop (the port's wait was shorter than vLLM-Omni's own
+    control timeout and never cancelled it): a late admission then held a session slot forever."""
+    from vllm_omni_voicechat.model.port import ModelError, SessionPrompt
+    from vllm_omni_voicechat.omni import port as port_module
+    from vllm_omni_voicechat.omni.port import OmniStage0Port
+
+    from .omni_fake_engine import wait_until
+
+    assert port_module.CONTROL_TIMEOUT_S >= 10.0  # vLLM-Omni's own control timeout (duplex_omni.py)
+    monkeypatch.setattr(port_module, "CONTROL_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(port_module, "CONTROL_GRACE_S", 0.05)
+    slow = _SlowOmni()
+    port = OmniStage0Port(slow, engine.api.loop, engine.plugin.bus, step_timeout_s=0.01)
+    with pytest.raises(ModelError, match="refused the session"):
+        port.prefill(SessionPrompt("Be brief."))
+    assert slow.timeouts == [0.05]  # the RPC got its own timeout, shorter than the port's wait (0.1 s)
+    wait_until(lambda: slow.cancelled)
+    assert port.handle is None and len(engine.plugin.bus) == 0

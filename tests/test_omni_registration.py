@@ -45,8 +45,9 @@ STAGES = 3
 # --------------------------------------------------------------------------- no vLLM needed
 
 
-def test_deploy_yaml_copies_are_identical():
-    assert (REPO / REPO_DEPLOY_CONFIG).read_bytes() == PACKAGED_DEPLOY_CONFIG.read_bytes()
+@pytest.mark.parametrize("name", ["voicechat.yaml", "voicechat-cpu.yaml"])
+def test_deploy_yaml_copies_are_identical(name):
+    assert (REPO / "deploy" / name).read_bytes() == (PACKAGED_DEPLOY_CONFIG.parent / name).read_bytes()
 
 
 def test_pyproject_declares_both_entry_points_and_the_yaml_as_package_data():
@@ -244,6 +245,12 @@ def test_deploy_yaml_is_the_in_tree_streaming_duplex_merge_plus_our_changes():
         "model_arch": "VoiceChatRealtimeThinkerForConditionalGeneration",
         "tokenizer": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
     })
+    # Stage 1's request must hold its 37-token speaker prefill + max_tokens within max_model_len (16,384), as
+    # vLLM-Omni's own non-streaming YAML has it (the streaming one says 16,383); omni/settings checks the guard
+    stage1 = expected.stages[1]
+    assert stage1.max_model_len == 16384 and stage1.default_sampling_params["max_tokens"] == 16383
+    expected.stages[1] = dataclasses.replace(stage1, default_sampling_params={
+        **stage1.default_sampling_params, "max_tokens": 16347})
     assert ours == expected
 
 
@@ -370,3 +377,16 @@ def test_cli_registers_our_pipeline_before_it_resolves_the_deploy_yaml(cli_runs)
     assert record["at_resolution"] == {"registered": True, "deploy_config": REPO_DEPLOY_CONFIG}
     assert record["serve_duplex"] is True
     assert record["resolved"] == [PIPELINE_KEY, PLUGIN_PATH]
+
+
+@requires_omni
+def test_our_thinker_architecture_maps_to_the_nemotron_model_type_through_the_private_table():
+    """Private seam (docs/running-on-gpu.md): vLLM-Omni's ``arg_utils._ARCH_TO_MODEL_TYPE`` resolves a config with
+    no ``model_type`` by its architecture; without our entry the checkpoint's config cannot load for Stage 0."""
+    from vllm_omni.engine import arg_utils
+
+    from vllm_omni_voicechat.omni.thinker import ARCHITECTURE, MODEL_TYPE, register_architecture
+
+    register_architecture()
+    assert isinstance(arg_utils._ARCH_TO_MODEL_TYPE, dict)
+    assert arg_utils._ARCH_TO_MODEL_TYPE[ARCHITECTURE] == MODEL_TYPE

@@ -32,5 +32,5 @@ def test_bad_blocks_fail_with_a_clear_message(block, message):
 @pytest.mark.skipif(importlib.util.find_spec("vllm_omni") is None, reason="vllm_omni is not installed")
 def test_the_packaged_deploy_yaml_block():
     settings = read_settings(PACKAGED_DEPLOY_CONFIG)
-    assert settings["warmup_positions"] == 2 and settings["max_session_model_frames"] == 8000
+    assert settings["warmup_positions"] == 2 and settings["max_session_model_frames"] == 5400
     assert settings["realtime_default"] == "v3" and settings["step_timeout_s"] == 5.0

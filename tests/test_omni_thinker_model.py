@@ -246,7 +246,7 @@ def client_turn(engine):
     )
     from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
     from vllm_omni_voicechat.shell.sync import SyncDriver
-    from vllm_omni_voicechat.sim.speech import render_speech
+    from vllm_omni_voicechat.audio.speech import render_speech
 
     port = RecordingPort(engine)
     d = SyncDriver(SessionCore(SessionConfig(session_id="S", settlement_blank_frames=3)), port)
@@ -398,7 +398,7 @@ def test_a_tool_call_through_the_runtime_is_published_its_result_injected_and_th
     )
     from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
     from vllm_omni_voicechat.shell.sync import SyncDriver
-    from vllm_omni_voicechat.sim.speech import render_speech
+    from vllm_omni_voicechat.audio.speech import render_speech
 
     from .omni_fake_engine import ApiLoop, build_fake_engine, voicechat_plugin
 
@@ -455,3 +455,58 @@ def test_a_re_entered_position_is_not_stepped_twice(engines):
     with torch.no_grad():
         stage0.model.preprocess(torch.tensor(req.prompt_token_ids), None, **info)
     assert (state.session.positions, state.rnnt.positions) == positions and not state.pending
+
+
+def _first_request(engines):
+    """A real first append of a session on the thinker engine (one client turn runs if none has yet)."""
+    if not engines["thinker"].respond.requests:
+        client_turn(engines["thinker"])
+    return engines["thinker"].respond.requests[0]
+
+
+def test_a_poisoned_request_fails_its_own_session_and_the_engine_serves_the_others(engines):
+    """An exception in our hooks used to propagate into the engine step (Stage 0 down for every session); now it
+    is that request's evidence (``{"failed": ...}``: the port raises for that session only) and the others go on."""
+    from vllm_omni_voicechat.omni.envelope import RequestFailed
+
+    stage0 = ThinkerStage0()
+    first = _first_request(engines)
+    poisoned, healthy = "duplex-s.poison.e.0.r.stage0", "duplex-s.healthy.e.0.r.stage0"
+    reqs = {rid: _Req(rid, list(first.prompt_token_ids), {**first.model_intermediate_buffer, "request_id": rid})
+            for rid in (poisoned, healthy)}
+    real = stage0.model._request
+
+    def request(request_id, runtime):
+        if request_id == poisoned:
+            raise KeyError("special token ids missing from the runtime config")
+        return real(request_id, runtime)
+
+    stage0.model._request = request
+    for _ in range(3):
+        _, payload, _ = stage0(reqs[poisoned])  # the step completes: no exception reaches the runner
+        with pytest.raises(RequestFailed, match="KeyError: 'special token ids missing"):
+            decode_step(payload[EVIDENCE_KEY], b"", 0.0)
+        _, payload, _ = stage0(reqs[healthy])
+        assert decode_step(payload[EVIDENCE_KEY], b"", 0.0).agent.control is AgentControl.PAD
+        reqs = {rid: _next_request(r) for rid, r in reqs.items()}
+    stage0.model.on_requests_finished({poisoned})  # the session's abort drops the failure with the request
+    assert poisoned not in stage0.model._failed and healthy in stage0.model._vc
+
+
+def test_a_failure_while_finishing_a_position_is_contained_too(engines):
+    stage0 = ThinkerStage0()
+    first = _first_request(engines)
+    rid = "duplex-s.finish.e.0.r.stage0"
+    req = _Req(rid, list(first.prompt_token_ids), {**first.model_intermediate_buffer, "request_id": rid})
+    stage0(req)
+    state = stage0.model._vc[rid]
+
+    def broken(raw_text, raw_fn):
+        raise RuntimeError("function gate exploded")
+
+    state.session.finish = broken
+    _, payload, _ = stage0(_next_request(req))
+    from vllm_omni_voicechat.omni.envelope import RequestFailed
+
+    with pytest.raises(RequestFailed, match="RuntimeError: function gate exploded"):
+        decode_step(payload[EVIDENCE_KEY], b"", 0.0)

@@ -153,3 +153,18 @@ def test_vocabulary_files(tmp_path):
     assert [vocab.id_to_piece(i) for i in range(4)] == ["<unk>", "\u2581hi", "ya", ""]
     with pytest.raises(FileNotFoundError):
         VocabFile.load(tmp_path / "missing")
+
+
+def test_fp32_checkpoint_weights_load_bit_exact_under_vllm_s_bf16_default_dtype():
+    """vLLM builds modules under its default dtype context (bf16 for Stage 0, base_loader.py): modules made there
+    and then cast to fp32 had rounded the checkpoint's fp32 RNNT weights through bf16 (max abs error 0.0155)."""
+    src = tiny(3)
+    state = {k: v.clone() for k, v in src.state_dict().items()}
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        loaded = RnntModules.from_state_dict(state)
+    finally:
+        torch.set_default_dtype(before)
+    for name, value in loaded.state_dict().items():
+        assert value.dtype == torch.float32 and torch.equal(value, state[name]), name

@@ -11,7 +11,7 @@ import wave
 from pathlib import Path
 
 from vllm_omni_voicechat.server.config import ServerConfig
-from vllm_omni_voicechat.sim.speech import render_speech
+from vllm_omni_voicechat.audio.speech import render_speech
 
 from .server_fixture import running_server
 

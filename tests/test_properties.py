@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES, FrameAssembler
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.model.port import SessionPrompt, ToolSpec
 from vllm_omni_voicechat.session.commands import (
     AppendAudio,
@@ -52,7 +53,6 @@ from vllm_omni_voicechat.session.events import (
 )
 from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.sim.speech import render_speech
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 
 FB = INPUT_FRAME_BYTES

@@ -61,3 +61,34 @@ def test_sans_io_layers_do_not_touch_clocks_threads_or_sockets():
     for folder in pure:
         for path in (PACKAGE / folder).rglob("*.py"):
             assert not (_imports(path) & forbidden), path
+
+
+def _relative_imports(path: Path) -> set[str]:
+    """The package-relative modules ``path`` imports (``..sim.model`` from client/x.py -> ``sim.model``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = path.relative_to(PACKAGE).parts[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(here[: len(here) - (node.level - 1)]) if node.level > 1 else list(here)
+                found.add(".".join([*base, *(node.module.split(".") if node.module else [])]))
+            elif node.module and node.module.startswith("vllm_omni_voicechat."):
+                found.add(node.module.removeprefix("vllm_omni_voicechat."))
+        elif isinstance(node, ast.Import):
+            found.update(a.name.removeprefix("vllm_omni_voicechat.") for a in node.names
+                         if a.name.startswith("vllm_omni_voicechat."))
+    return found
+
+
+def test_clients_bench_synth_and_trace_never_import_the_simulator():
+    offenders = []
+    for folder in ("client", "bench", "synth", "trace"):
+        for path in (PACKAGE / folder).rglob("*.py"):
+            if any(m == "sim" or m.startswith("sim.") for m in _relative_imports(path)):
+                offenders.append(str(path.relative_to(PACKAGE)))
+    assert offenders == []
+
+
+def test_the_package_holds_no_test_harness():
+    assert not [p for p in PACKAGE.rglob("*.py") if "fuzz" in p.stem]

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.model.port import AgentControl, SessionPrompt, ToolCall, ToolSpec
 from vllm_omni_voicechat.model.prompt import (
     GROUNDING,
@@ -63,7 +64,6 @@ from vllm_omni_voicechat.session.functions import (
 )
 from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import EOTR, SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.sim.speech import render_speech
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 
 from .helpers import SID, R, T, metrics, names, protocol
@@ -339,7 +339,12 @@ MAX_B = FUNCTION_OUTPUT_MAX_BYTES
         (_cycle(), "call_y", OK, None, False, "unknown or completed call_id"),
         (_cycle(), 7, OK, None, False, "unknown or completed call_id"),
         (_cycle(state="recovering"), "call_x", OK, None, False, "unknown or completed call_id"),
-        (_cycle(), "call_y", 5, None, False, "unknown or completed call_id"),  # the id is checked first
+        # The request's own shape and negotiation are checked before the call lookup (the reference's order)
+        (_cycle(), "call_y", 5, None, False, "output must be a string"),
+        (None, "unknown", OK, "concise", False, "model_output was not negotiated (function_output_model_output)"),
+        (_cycle(), "call_y", OK, "", True, "model_output must be a non-empty string"),
+        (_cycle(state="recovering"), "call_x", "a" * MAX_B, None, False,
+         "injected result is 4105 tokens; maximum is 128"),
         (_cycle(), "call_x", 5, None, False, "output must be a string"),
         (_cycle(), "call_x", None, None, False, "output must be a string"),
         (_cycle(), "call_x", {"a": 1}, None, False, "output must be a string"),
@@ -549,7 +554,8 @@ def test_tool_timeout_in_the_deferred_bos_case_is_fatal():
         ("AudioDone", T(1), R(1), not any(isinstance(e, AudioDelta) for e in h.events)),
         ("ResponseDone", T(1), R(1), "failed", "function_call_output_timeout"),
         ("Error", "function_call_output_timeout",
-         f"no result for {cid} within 5 s (deferred BOS pending)", True, None, {"call_id": cid}),
+         f"no result for {cid} within 5 s (deferred BOS pending)", True, None,
+         {"call_id": cid, "epoch_invalidation_error": None}),
     ]
     assert h.core.closed and "SessionClosed" not in names(h.events)
     assert h.time_of(FunctionCallFailed) >= h.time_of(FunctionCallPublished) + 5.0

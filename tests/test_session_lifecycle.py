@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.model.port import SessionPrompt
 from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, Configure, RequestTypedInput, StartTurn, Stop
 from vllm_omni_voicechat.session.events import AbortModel, Error, Prefill, SessionClosed, SessionConfigured
 from vllm_omni_voicechat.sim.model import SimBehaviour
-from vllm_omni_voicechat.sim.speech import render_speech
 
 from .helpers import LOUD_NOISE_FRAME, SILENCE_FRAME, R, T, metrics, names, protocol, session
 

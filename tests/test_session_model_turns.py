@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.session.commands import AppendAudio, CancelResponse, ClearInput, CommitInput
 from vllm_omni_voicechat.sim.model import SimulatorModel
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 from .helpers import LOUD_NOISE_FRAME, SILENCE_FRAME, R, T, audio, metrics, names, protocol, session
 

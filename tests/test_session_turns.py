@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.model.port import ToolSpec
 from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn
 from vllm_omni_voicechat.session.events import Error, PositionMetrics, SessionClosed
 from vllm_omni_voicechat.sim.model import SimBehaviour
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 from .helpers import LOUD_NOISE_FRAME, SILENCE_FRAME, R, T, audio, metrics, names, protocol, session
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, RequestTypedInput, StartTurn, Stop
 from vllm_omni_voicechat.session.events import Error, TypedRejected
 from vllm_omni_voicechat.sim.model import SimBehaviour
-from vllm_omni_voicechat.sim.speech import render_speech
 
 from .helpers import LOUD_NOISE_FRAME, R, T, metrics, names, protocol, session
 

@@ -7,13 +7,13 @@ import threading
 
 import pytest
 
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.model.port import SessionPrompt
 from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, Configure, StartTurn, Stop
 from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
 from vllm_omni_voicechat.session.events import NativeEvent, ResponseDone, SessionClosed, SessionConfigured
 from vllm_omni_voicechat.shell.aio import SessionShell
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.sim.speech import render_speech
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 
 from .helpers import names

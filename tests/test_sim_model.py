@@ -7,6 +7,7 @@ import json
 import pytest
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES, OUTPUT_FRAME_BYTES, SILENT_INPUT_FRAME
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.model.port import (
     AgentControl,
     ModelError,
@@ -17,7 +18,6 @@ from vllm_omni_voicechat.model.port import (
     ToolSpec,
 )
 from vllm_omni_voicechat.sim.model import EOTC, EOTR, SOTC, SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 TOOLS = (ToolSpec("get-weather"),)
 

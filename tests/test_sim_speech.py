@@ -11,7 +11,7 @@ import soxr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_omni_voicechat.sim.speech import (
+from vllm_omni_voicechat.audio.speech import (
     SPEECH_THRESHOLD_DBFS,
     DecodeStep,
     SpeechDecoder,
@@ -19,8 +19,8 @@ from vllm_omni_voicechat.sim.speech import (
     is_speech_energy,
     render_speech,
     render_token_audio,
-    split_tokens,
 )
+from vllm_omni_voicechat.model.tokens import split_tokens
 
 IN_SR = 16_000
 OUT_SR = 22_050

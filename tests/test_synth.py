@@ -7,7 +7,7 @@ import builtins
 import numpy as np
 import pytest
 
-from vllm_omni_voicechat.sim.speech import decode_speech
+from vllm_omni_voicechat.audio.speech import decode_speech
 from vllm_omni_voicechat.synth import PocketSynthesizer, SimulatorSynthesizer, Synthesizer, SynthesizerUnavailable
 from vllm_omni_voicechat.synth.pocket import to_pcm16_16k
 

@@ -15,17 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
+from vllm_omni_voicechat.audio.wav import load_wav_16k, read_wav
 from vllm_omni_voicechat.cli import build_parser
 from vllm_omni_voicechat.cli import main as cli_main
-from vllm_omni_voicechat.client.talk import (
-    TalkInput,
-    load_wav_16k,
-    read_wav,
-    turn_timings,
-    v3_url,
-)
+from vllm_omni_voicechat.client.talk import TalkInput, turn_timings, v3_url
 from vllm_omni_voicechat.server import ServerConfig
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 from .server_fixture import free_port, running_server
 
@@ -95,7 +90,7 @@ def test_unreadable_wavs_are_rejected_with_a_reason(tmp_path, blob, message):
 def test_a_48k_stereo_float_wav_is_resampled_to_16k_and_still_decodes():
     pcm48 = np.frombuffer(render_speech("resample me", 48_000), dtype="<i2").astype("<f4") / 32768.0
     stereo = np.stack([pcm48, pcm48], axis=1).astype("<f4")
-    from vllm_omni_voicechat.client.talk import to_pcm16_16k
+    from vllm_omni_voicechat.audio.wav import to_pcm16_16k
 
     out = to_pcm16_16k(stereo, 48_000)
     assert abs(len(out) // 2 - len(pcm48) // 3) <= 1

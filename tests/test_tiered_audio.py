@@ -7,18 +7,16 @@ import random
 import numpy as np
 import pytest
 
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech, render_token_audio, split_tokens
+from vllm_omni_voicechat.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech, render_token_audio
+from vllm_omni_voicechat.model.tokens import split_tokens
 from vllm_omni_voicechat.wire.tiered.audio import (
     AudioFormatError,
     InputConverter,
     OutputEncoder,
-    alaw_decode,
-    alaw_encode,
     input_sample_rate,
     output_sample_rate,
     resolve_format,
-    ulaw_decode,
-    ulaw_encode,
 )
 
 RATES = [8000, 16000, 22050, 24000, 44100, 48000]

@@ -14,7 +14,7 @@ import functools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_omni_voicechat.sim.speech import render_speech
+from vllm_omni_voicechat.audio.speech import render_speech
 
 from .helpers import SILENCE_FRAME
 from .test_tiered_session import AUDIO, check_invariants

@@ -19,10 +19,10 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.model.port import PositionInput, SessionPrompt, StepResult
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 from .server_fixture import RawClient, running_app
 
@@ -81,7 +81,9 @@ def close_session(c: RawClient, *, full: bool = True) -> None:
     if full:
         done = c.recv_type("session.closed")
         assert done["reason"] == "client_close" and isinstance(done["server_event_seq"], int)
-    assert closed(c)[0] == 1000
+        assert closed(c) == (1000, "client_close")  # the close frame carries the session.closed reason
+    else:
+        assert closed(c)[0] == 1000
 
 
 def quietly_close(c: RawClient) -> None:
@@ -99,7 +101,7 @@ def refusal(c: RawClient, code: str) -> dict:
     assert e["type"] == "error" and e["error"]["code"] == code, e
     assert e["error"]["type"] == "invalid_request_error"
     assert "server_event_seq" not in e
-    assert closed(c)[0] == 1000
+    assert closed(c) == (1000, code)  # the close frame carries the refusal's code
     return e
 
 
@@ -276,7 +278,7 @@ def check_route(url: str, path: str, headers: dict, expected: str) -> None:
         return
     if expected == "off":
         assert c.recv() == DUPLEX_OFF  # the seed's flat answer, byte for byte
-        assert closed(c)[0] == 1000
+        assert closed(c) == (1000, "unsupported")
         return
     lane, _, auto = expected.partition("+")
     if not auto:
@@ -331,7 +333,7 @@ def test_admission_is_shared_by_both_dialects_and_close_frees_the_slot():
             assert e == {"type": "error", "event_id": e["event_id"],
                          "error": {"type": "rate_limit_error", "code": "resource_exhausted",
                                    "message": "duplex_session_capacity_exhausted: limit=1", "retryable": True}}
-            assert closed(t)[0] == 1013
+            assert closed(t) == (1013, "resource_exhausted")
         assert app.admission.active == 1
 
         v3.close()
@@ -339,7 +341,7 @@ def test_admission_is_shared_by_both_dialects_and_close_frees_the_slot():
         t, _ = open_full(base)  # the freed slot goes to a tiered session
         busy = RawClient(base + "/v1/realtime")  # ... and v3 is now the one turned away
         assert busy.recv()["error"]["code"] == "server_busy"
-        assert closed(busy)[0] == 1013
+        assert closed(busy) == (1013, "server_busy")
 
         close_session(t)  # session.close → session.closed → close 1000
         assert released.acquire(timeout=10)
@@ -592,3 +594,40 @@ def test_server_shutdown_ends_a_dropped_session_instead_of_waiting_out_its_grace
         c.ws.close_socket()  # a drop: the session waits for a resume
     # the fixture joined the server thread (30 s at most): it only returns early if the session was ended
     assert released.is_set() and server.sessions == {} and server.tiered == {}
+
+
+
+class _Order:
+    """A trace observer that logs when the server writes a close frame, beside the admission's releases."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def client_event(self, message) -> None:
+        pass
+
+    def server_event(self, message) -> None:
+        pass
+
+    def transport_closed(self, code) -> None:
+        if code is not None:
+            self.log.append(f"close {code}")
+
+
+def test_a_session_s_slot_is_free_before_its_close_frame_is_written():
+    """The slot is released when the session has ended (its model released), before the socket's close
+    handshake: a client that has seen the close frame can open its next session at once (no window in which
+    /health still counts it, or a reconnect is refused as busy). Both dialects, stop and close."""
+    log: list[str] = []
+    config = ServerConfig.simulator(max_sessions=1, trace_factory=lambda dialect: _Order(log))
+    with running_app(config) as (base, app):
+        app.admission.on_release = lambda: log.append("release")
+        v3 = RawClient(base + "/v1/voicechat")
+        assert v3.recv()["type"] == "session.created"
+        v3.send({"type": "session.stop", "event_id": "stop-1"})
+        assert closed(v3)[0] == 1000
+        assert app.admission.active == 0
+        t, _ = open_full(base)
+        close_session(t)
+        assert app.admission.active == 0
+    assert log == ["release", "close 1000", "release", "close 1000"]

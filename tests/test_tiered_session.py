@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.wire.tiered import parser as P
-from vllm_omni_voicechat.wire.tiered.connection import _TIER3, Detached, Outbound, ResumeOutcome, TieredOptions
-from vllm_omni_voicechat.wire.transport import CloseTransport
+from vllm_omni_voicechat.wire.tiered.connection import ResumeOutcome, TieredOptions
+from vllm_omni_voicechat.wire.tiered.outgoing import TIER3 as _TIER3
+from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
 
 from .compat import validate_openai_server_event
 from .helpers import SILENCE_FRAME
@@ -213,7 +214,7 @@ def journaled_after(d: TieredDriver, cursor: int) -> list[str]:
 
 
 def detach(d: TieredDriver) -> list[Any]:
-    return d.session.receive(Detached(), d.clock.now)
+    return d.session.detach(d.clock.now)
 
 
 USER_TURN = [
@@ -982,8 +983,125 @@ def test_the_openai_lane_speaks_cancels_calls_tools_and_errors_in_ga_events_only
     assert d.send({"type": "session.heartbeat"}) == [] and d.send({"type": "turn.signal", "event": "x"}) == []
     d.send({"type": "session.close"})
     d.run()
-    assert d.outputs[-1] == CloseTransport(1000)
+    assert d.outputs[-1] == CloseTransport(1000, "client_close")  # a graceful close carries its reason
     assert_openai_compatible(d.events)
+
+
+MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+HZ16 = {"sample_rate_hz": 16_000}  # the OpenAI lane's default pcm16 input rate is 24 kHz
+OPENAI_RESPONSE = [*RESPONSE_OPEN, DELTAS, *MESSAGE_CLOSE, *RESPONSE_END]
+OPENAI_COMMIT = USER_TURN[1:]  # client-owned turns show no speech events
+
+
+def test_openai_manual_turns_the_commit_seals_and_settles_and_only_response_create_answers(tiered):
+    d = tiered(MANUAL, lane="openai")
+    assert d.session.settings.client_turns and not d.session.core.auto_eou
+    speak(d, "Hello there", **HZ16)  # speech then silence: the model's own EOU would have answered by now
+    assert d.run() == []  # no speech events, no transcription deltas, no answer
+    assert d.send({"type": "input_audio_buffer.commit"}) == []
+    committed = d.run()
+    assert types(committed) == OPENAI_COMMIT
+    assert one(committed, "conversation.item.input_audio_transcription.completed")["transcript"] == "Hello there"
+    assert d.run() == [] and d.session.core.eou_held  # settled, and nothing answers until response.create
+    assert d.send({"type": "response.create", "event_id": "r1"}) == []
+    events = d.run()
+    assert collapse(types(events)) == OPENAI_RESPONSE
+    assert_spoken_reply(events, "resp_1", "You said: Hello there.")
+    assert_openai_compatible(d.events)
+
+
+def test_openai_manual_commit_and_response_create_at_once_before_the_prefill(tiered):
+    """A push-to-talk client that does not wait: appends, commit and response.create all before the prefill is
+    done; the response.create waits behind the commit (it overtook it and found nothing held)."""
+    d = TieredDriver(options=TieredOptions(lane="openai", autostart=True, model="sim"), defer_effects=True)
+    d.driver.dispatch(d.session.poll(d.clock.now).outputs)  # the first poll issues the default prompt's prefill
+    assert types(d.new_events()) == ["session.created"] and len(d.driver.pending) == 1
+    assert types(d.send({"type": "session.update", "session": MANUAL})) == ["session.updated"]  # same prompt
+    assert not d.session.core.configured
+    speak(d, "Hello there", silence=0, **HZ16)
+    assert d.send({"type": "input_audio_buffer.commit"}) + d.send({"type": "response.create"}) == []
+    assert d.driver.complete_pending()
+    events = d.run()
+    assert collapse(types(events)) == [*OPENAI_COMMIT, *OPENAI_RESPONSE]
+    assert one(events, "conversation.item.input_audio_transcription.completed")["transcript"] == "Hello there"
+    assert_spoken_reply(events, "resp_1", "You said: Hello there.")
+    check_invariants(d.events, tier3=False)
+
+
+def test_openai_manual_commit_of_silence_is_refused_with_its_response_create():
+    d = TieredDriver(options=TieredOptions(lane="openai", autostart=True, model="sim"))
+    d.run()
+    d.send({"type": "session.update", "session": MANUAL})
+    d.append(SILENCE_FRAME * 12, **HZ16)
+    d.send({"type": "input_audio_buffer.commit", "event_id": "c1"})
+    d.send({"type": "response.create", "event_id": "r1"})
+    assert [(e["error"]["code"], e["error"]["event_id"]) for e in d.run()] == [
+        ("input_audio_buffer_empty", "c1"), ("response_create_without_input", "r1")]
+
+
+def test_openai_manual_commit_during_an_answer_supersedes_it(tiered):
+    d = tiered(MANUAL, lane="openai")
+    speak(d, "Hello", **HZ16)
+    d.send({"type": "input_audio_buffer.commit"})
+    d.send({"type": "response.create"})
+    run_until(d, AUDIO)
+    speak(d, "Stop", silence=0, **HZ16)  # the user talks over the answer and commits
+    d.send({"type": "input_audio_buffer.commit"})
+    events = d.run()
+    done = one(events, "response.done")
+    assert (done["response_id"], done["response"]["status"]) == ("resp_1", "cancelled")
+    assert done["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+    assert types(events)[types(events).index("response.done") + 2:] == OPENAI_COMMIT  # after rate_limits.updated
+    assert one(events, "conversation.item.input_audio_transcription.completed")["transcript"] == "Stop"
+    d.send({"type": "response.create"})
+    assert_spoken_reply(d.run(), "resp_2", "You said: Stop.")
+
+
+def test_openai_model_turns_absorb_a_response_create_while_the_answer_opens_or_plays(tiered):
+    d = tiered(lane="openai")
+    assert d.session.settings.turn_detection == {"type": "semantic_vad"} and d.session.settings.model_eou
+    speak(d, "Hello", **HZ16)
+    turn = run_until(d, "input_audio_buffer.committed")
+    assert d.send({"type": "response.create"}) == []  # being opened
+    turn += run_until(d, AUDIO)
+    assert d.send({"type": "response.create"}) == []  # open
+    turn += d.run()
+    assert collapse(types(turn)) == ["input_audio_buffer.speech_started", "transcription.delta+", *USER_TURN,
+                                     *OPENAI_RESPONSE]
+    assert_spoken_reply(turn, "resp_1", "You said: Hello.")
+    # once it is done there is nothing to answer
+    assert errors(d.send({"type": "response.create"})) == [("response_create_without_input", None)]
+
+
+def test_the_full_lane_keeps_null_turn_detection_model_owned_and_errors_on_a_second_create(tiered):
+    d = tiered()  # DuplexClient's session: turn_detection null
+    assert not d.session.settings.client_turns and d.session.core.auto_eou
+    speak(d)
+    turn = run_until(d, AUDIO)
+    assert "input_audio_buffer.speech_started" in types(turn)
+    assert errors(d.send({"type": "response.create"})) == [("response_already_active", None)]
+    d.run()
+
+
+@pytest.mark.parametrize("response, param", [
+    ({"conversation": "none"}, "response.conversation"),
+    ({"input": []}, "response.input"),
+    ({"prompt": {"id": "p"}}, "response.prompt"),
+    ({"output_modalities": ["text"]}, "response.output_modalities"),
+    ({"modalities": ["audio", "text"]}, "response.modalities"),
+    ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "marin"}}},
+     "response.audio.output.voice"),
+    ({"audio": {"output": {"format": {"type": "audio/pcma"}}}}, "response.audio.output.format"),
+])
+def test_openai_lane_per_response_overrides_the_model_cannot_honour(tiered, response, param):
+    d = tiered(MANUAL, lane="openai")
+    d.send({"type": "conversation.item.create", "item": USER_MESSAGE})
+    assert errors(d.send({"type": "response.create", "response": response})) == [
+        ("unsupported_native_response_options", param)]
+    # the staged text is still there: an override-free response.create answers it
+    assert d.send({"type": "response.create", "response": {"output_modalities": ["audio"], "metadata": {"k": "v"},
+                                                           "conversation": "auto"}}) == []
+    assert_spoken_reply(d.run(), "resp_1", "You said: Good morning.")
 
 
 def test_the_openai_lane_clear_before_any_response_stays_ga_valid(tiered):
@@ -1048,7 +1166,7 @@ def test_a_text_only_session_gets_output_text_events_and_a_text_part(tiered):
 
 
 def test_g711_output_is_encoded_at_8_khz(tiered):
-    from vllm_omni_voicechat.wire.tiered.audio import ulaw_decode
+    from vllm_omni_voicechat.audio.g711 import ulaw_decode
 
     d = tiered({"output_audio_format": "g711_ulaw"})
     speak(d)

@@ -132,6 +132,34 @@ def test_openai_lane_defaults() -> None:
     assert s.prompt == SessionPrompt("Hi.", ())
 
 
+def test_openai_lane_turns_default_model_owned_and_null_gives_them_to_the_client() -> None:
+    s = default_settings("openai", model="sim")
+    assert s.turn_detection == {"type": "semantic_vad"} and s.overlap_policy == "listen_only"
+    assert (s.client_turns, s.model_eou) == (False, True)
+    assert render(s)["audio"]["input"]["turn_detection"] == {"type": "semantic_vad"}
+    manual = ok(s, {"audio": {"input": {"turn_detection": None}}})
+    assert (manual.turn_detection, manual.overlap_policy) == (None, "listen_only")
+    assert (manual.client_turns, manual.model_eou) == (True, False)
+    vad = ok(manual, {"turn_detection": {"type": "server_vad"}})
+    assert (vad.client_turns, vad.model_eou, vad.overlap_policy) == (False, True, "barge_in_on_speech")
+    held = ok(s, {"extra_body": {"auto_response": False}})
+    assert (held.client_turns, held.model_eou) == (False, False)
+
+
+def test_full_lane_null_turn_detection_stays_model_owned() -> None:
+    s = default_settings("full")
+    assert s.turn_detection is None and (s.client_turns, s.model_eou) == (False, True)
+    assert ok(s, {"turn_detection": None}).model_eou
+
+
+@pytest.mark.parametrize("kind", ["server_vad", "semantic_vad"])
+def test_vad_create_response_false_is_refused_on_the_openai_lane_only(kind: str) -> None:
+    update = {"audio": {"input": {"turn_detection": {"type": kind, "create_response": False}}}}
+    err(default_settings("openai"), update, "unsupported_turn_detection", "turn_detection.create_response")
+    assert ok(default_settings("full"), update).turn_detection == {"type": kind, "create_response": False}
+    assert ok(default_settings("openai"), {TD: {"type": kind, "create_response": True}}).model_eou
+
+
 def test_bad_lane_is_a_programming_error() -> None:
     with pytest.raises(ValueError):
         default_settings("beta")  # type: ignore[arg-type]

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.sim.speech import render_speech
 
 from .server_fixture import RawClient, running_app
 
@@ -313,8 +313,11 @@ def assert_model_aborted(server: Server) -> None:
 
 
 def assert_fatal_close(c: V3Client, code: int, *, session_closed: tuple[str, str] | None) -> None:
-    """After a fatal error: the socket closes with ``code``; ``session.closed`` only where §11 says so."""
+    """After a fatal error: the socket closes with ``code`` and the fatal error's code as its reason;
+    ``session.closed`` only where §11 says so."""
     assert c.close_code() == code
+    fatal_codes = [e["error"]["code"] for e in c.raw.received if e["type"] == "error" and e["error"]["fatal"]]
+    assert fatal_codes and c.raw.close_reason == fatal_codes[0]
     closed = [e for e in c.raw.received if e["type"] == "session.closed"]
     if session_closed is None:
         assert closed == []
@@ -1255,6 +1258,7 @@ def test_second_connection_gets_server_busy_and_the_slot_is_reusable():
         assert_error(e, None, "server_busy", fatal=True, details={})
         assert isinstance(e["session_id"], str) and e["session_id"]
         assert busy.close_code() == CLOSE_BUSY
+        assert busy.raw.close_reason == "server_busy"
         assert busy.raw.received == [e]  # exactly one event: no session.created, no session.closed
         first.turn(1)  # the admitted session is unaffected
         first.raw.close()

@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
-from vllm_omni_voicechat.sim.speech import render_speech
 
 from .server_fixture import RawClient, running_server
 
@@ -290,8 +290,11 @@ def not_audio(events: list[dict]) -> list[dict]:
 
 
 def assert_fatal_close(c: Client, code: int) -> None:
-    """After a fatal error (other than the loop limit): close ``code`` and no ``session.closed`` (§11)."""
+    """After a fatal error (other than the loop limit): close ``code`` with the fatal error's code as its reason,
+    and no ``session.closed`` (§11)."""
     assert c.close_code() == code
+    fatal_codes = [e["error"]["code"] for e in c.raw.received if e["type"] == "error" and e["error"]["fatal"]]
+    assert fatal_codes and c.raw.close_reason == fatal_codes[0]
     assert "session.closed" not in c.types()
 
 
@@ -463,6 +466,38 @@ def test_model_output_without_negotiation_is_rejected_and_the_call_stays_pending
     assert rest[-1]["status"] == "completed"
 
 
+def test_result_checks_run_in_order_the_call_lookup_last(server):
+    """docs/v3-dialect.md, "Function results: the order of checks": each request below fails its step and every
+    later one (the call id is always unknown), so the answer names the first failing step; the lookup is last."""
+    over = "x" * (MAX_OUTPUT_BYTES + 1)
+    bare = Client(server)
+    bare.configure([])  # step 2: no tools
+    bare.send({"type": "conversation.item.create", "event_id": "s1", "item": "nope"})
+    bare.expect_error("invalid_conversation_item", fatal=False, client_event_id="s1")
+    bare.send(result_msg("unknown", 5, event_id="s2", model_output="concise"))
+    bare.expect_error("tools_not_set", fatal=False, client_event_id="s2")
+    plain = configured(server)  # tools, model_output not negotiated
+    negotiated = configured(server, model_output=True)
+    steps = [
+        (plain, {"output": 5, "model_output": "concise"}, "output must be a string"),  # 3
+        (plain, {"output": over, "model_output": "concise"}, f"output exceeds {MAX_OUTPUT_BYTES}"),  # 4
+        # 5: the reference's answer to the issue's request (never "unknown or completed call_id")
+        (plain, {"output": "ok", "model_output": "concise"},
+         "model_output was not negotiated (function_output_model_output)"),
+        (negotiated, {"output": "ok", "model_output": ""}, "model_output must be a non-empty string"),  # 6
+        (negotiated, {"output": "ok", "model_output": over}, f"model_output exceeds {MAX_OUTPUT_BYTES}"),  # 7
+        (plain, {"output": "a" * 600}, "maximum is 128"),  # 8: the injected value's tokens
+        (plain, {"output": "ok"}, "unknown or completed call_id"),  # 9: the call lookup
+    ]
+    for i, (c, fields, message) in enumerate(steps, start=3):
+        c.send(result_msg("unknown", fields.pop("output"), event_id=f"step-{i}", **fields))
+        err = c.expect_error("invalid_function_call_output", fatal=False, client_event_id=f"step-{i}",
+                             details={"call_id": "unknown"})
+        assert message in err["message"], (i, err["message"])
+    for c in (bare, plain, negotiated):  # every rejection was recoverable
+        assert "session.closed" not in c.types()
+
+
 # ================================================================ §10.6: tool timeout
 
 
@@ -515,8 +550,8 @@ def test_tool_timeout_with_deferred_bos_is_fatal():
             "reason": "function_call_output_timeout",
         }
         err = rest[-1]
-        assert_error(err, "function_call_output_timeout", fatal=True)
-        assert err["error"].get("call_id", call["call_id"]) == call["call_id"]
+        assert_error(err, "function_call_output_timeout", fatal=True,
+                     details={"call_id": call["call_id"], "epoch_invalidation_error": None})
         # between them only the open response's terminal (failed; never applied, never a second response)
         between = not_audio(rest)[1:-1]
         assert [e["type"] for e in between] == [
@@ -623,6 +658,7 @@ def test_ninth_call_in_one_turn_is_never_published_and_trips_the_loop_limit():
         assert CALL_ID.match(ninth) and ninth not in {k["call_id"] for k in calls}
         assert (closed["status"], closed["reason"]) == ("failed", "function_call_loop_limit")
         assert c.close_code() == CLOSE_INTERNAL
+        assert c.raw.close_reason == "function_call_loop_limit"
         assert c.types().count(CALL_DONE) == 8  # the 9th is never published
         assert c.raw.received[-1]["type"] == "session.closed"
 

@@ -13,10 +13,10 @@ import urllib.request
 import pytest
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.model.port import SessionPrompt
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.sim.model import SimulatorModel
-from vllm_omni_voicechat.sim.speech import decode_speech, render_speech
 
 from .server_fixture import RawClient, running_app, running_server
 
@@ -175,6 +175,7 @@ def test_stop_closes_with_session_closed_and_1000(url):
     assert events[-3:][0]["type"] == "input_audio_buffer.speech_stopped"
     assert events[-1]["status"] == "completed" and events[-1]["reason"] == "client_stop"
     assert c.close_code() == 1000
+    assert c.close_reason == "client_stop"  # a graceful close carries its session.closed reason
 
 
 def test_health_reports_sessions_protocol_and_typed_readiness(url):
@@ -196,6 +197,7 @@ def test_busy_at_capacity_while_the_admitted_session_keeps_working_and_disconnec
         assert event["type"] == "error"
         assert event["error"] == {"code": "server_busy", "message": event["error"]["message"], "fatal": True}
         assert busy.close_code() == 1013
+        assert busy.close_reason == "server_busy"
         # the admitted session is unaffected
         first.send(barrier("turn_start", 1, "s1"))
         first.send(barrier("commit", 1, "c1"))

@@ -10,8 +10,8 @@ from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
 from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
-from vllm_omni_voicechat.wire.tiered.connection import Outbound, TieredOptions, TieredSession
-from vllm_omni_voicechat.wire.transport import CloseTransport
+from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
+from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
 
 SID = "S"
 
@@ -24,21 +24,23 @@ def tiered_core_config(**config: Any) -> SessionConfig:
 
 
 class TieredDriver:
-    def __init__(self, *, behaviour: SimBehaviour | None = None, options: TieredOptions | None = None, **config: Any):
+    def __init__(self, *, behaviour: SimBehaviour | None = None, options: TieredOptions | None = None,
+                 defer_effects: bool = False, **config: Any):
+        """``defer_effects``: prefills and syntheses wait for ``driver.complete_pending()`` (a slow prefill)."""
         self.session = TieredSession(SessionCore(tiered_core_config(**config)), options or TieredOptions())
         self.driver = SyncDriver(self.session, SimulatorModel(behaviour), synthesizer=SimulatorSynthesizer(),
-                                 step_seconds=0.01)
+                                 step_seconds=0.01, defer_effects=defer_effects)
         self.clock = self.driver.clock
         self._seen = 0
         self.driver.dispatch(self.session.start(self.clock.now))
 
     @property
     def outputs(self) -> list[Any]:
-        return [o for o in self.driver.effects if isinstance(o, (Outbound, CloseTransport))]
+        return [o for o in self.driver.events if isinstance(o, (Outbound, CloseTransport))]
 
     @property
     def events(self) -> list[dict]:
-        return [o.json() for o in self.driver.effects if isinstance(o, Outbound)]
+        return [o.json() for o in self.driver.events if isinstance(o, Outbound)]
 
     def new_events(self) -> list[dict]:
         events = self.events
@@ -52,24 +54,7 @@ class TieredDriver:
 
     def run(self, max_positions: int = 100_000) -> list[dict]:
         """Run positions until the session is idle (lease deadlines of an idle session are not waited for)."""
-        d, s = self.driver, self.session
-        while max_positions > 0 and not s.closed:
-            tick = s.poll(self.clock.now)
-            d.dispatch(tick.outputs)
-            if tick.position is not None:
-                max_positions -= 1
-                try:
-                    result = d.model.step(tick.position.input)
-                except Exception as exc:
-                    self.clock.advance(d.step_seconds)
-                    d.dispatch(s.fail(tick.position, exc, self.clock.now))
-                    continue
-                self.clock.advance(d.step_seconds)
-                d.dispatch(s.complete(tick.position, result, self.clock.now))
-                continue
-            if tick.wake_at is None or s.core.idle:
-                break
-            self.clock.advance_to(tick.wake_at)
+        self.driver.run(max_positions=max_positions, stop_when=lambda: self.session.core.idle)
         return self.new_events()
 
     def advance(self, seconds: float) -> list[dict]:

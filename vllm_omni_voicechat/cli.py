@@ -1,7 +1,8 @@
 """``vllm-omni-voicechat``: serve the voicechat protocol on the embedded simulator model (``serve``, or
 ``serve sim``), or a real checkpoint through ``vllm-omni serve MODEL --omni`` with our deploy YAML (``serve MODEL
 [vllm-omni serve options]``, in an environment with vLLM-Omni installed); ``talk`` plays WAV files or typed text
-to a running server and prints the transcript and timings."""
+to a running server and prints the transcript and timings; ``make-tiny-checkpoint`` writes a tiny random checkpoint
+in the real layout (docs/tiny-checkpoint.md)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["v3", "tiered", "tiered-openai"],
         help="dialect of a bare /v1/realtime (no duplex/model query, no OpenAI-Beta header)",
     )
+    serve.add_argument(
+        "--v3-turns",
+        default="client",
+        choices=["client", "legacy"],
+        help="v3 turn ownership: client barriers (production) or the diagnostic RNNT-owned legacy mode",
+    )
     serve.add_argument("--disconnect-grace-s", type=float, default=30.0, help="how long a dropped tiered session waits for session.resume")
     serve.add_argument("--warmup-positions", type=int, default=0, help="silent positions run before admitting clients")
     serve.add_argument("--log-level", default="info")
@@ -40,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     talk.add_arguments(sub.add_parser("talk", help="play WAV files, simulator speech or typed text to a v3 server; "
                                       "print the transcript and timings", description=talk.__doc__,
                                       formatter_class=argparse.RawDescriptionHelpFormatter))
+    tiny = sub.add_parser("make-tiny-checkpoint", help="write a tiny random Nemotron VoiceChat checkpoint "
+                          "(real file layout, all three stages) for CPU runs of vLLM-Omni")
+    tiny.add_argument("directory", metavar="DIR")
+    tiny.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -55,13 +66,17 @@ def main(argv: list[str] | None = None) -> int:
         from .client import talk
 
         return talk.run(args)
+    if args.command == "make-tiny-checkpoint":
+        from .omni.tiny import LLM_FOLDER, make_tiny_checkpoint  # torch: imported only here
+
+        root = make_tiny_checkpoint(args.directory, seed=args.seed)
+        print(f"{root}  (pretrained_llm and the stage-0 tokenizer: {root / LLM_FOLDER})")
+        return 0
     if args.model != "sim":
         from .omni.serve import main as serve_omni
 
         return serve_omni(args.model, [])
     if args.command == "serve":
-        import uvicorn
-
         from .server import ServerConfig, create_app
 
         config = ServerConfig.simulator(
@@ -71,17 +86,15 @@ def main(argv: list[str] | None = None) -> int:
             settlement_blank_frames=args.settlement_blank_frames,
             default_instructions=args.instructions,
             realtime_default=args.realtime_default,
+            v3_turns=args.v3_turns,
             disconnect_grace_s=args.disconnect_grace_s,
             warmup_positions=args.warmup_positions,
         )
-        from .server.app import VoicechatUvicornServer
+        from .server.uvicorn import VoicechatUvicornServer, uvicorn_config
 
         app = create_app(config)
-        # Protocol-level pings are off: long model steps or slow consumers must never trip a transport timer.
         VoicechatUvicornServer(
-            uvicorn.Config(app, host=args.host, port=args.port, ws_ping_interval=None, ws_ping_timeout=None,
-                           log_level=args.log_level),
-            app.state.voicechat,
+            uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level), app.state.voicechat
         ).run()
     return 0
 

@@ -16,7 +16,7 @@ from vllm_omni_voicechat.sim.model import SimulatorModel
 from vllm_omni_voicechat.server import ServerConfig
 from tests.server_fixture import running_app, RawClient
 from tests.compat import load_duplex_client_module
-from vllm_omni_voicechat.sim.speech import render_speech, decode_speech
+from vllm_omni_voicechat.audio.speech import render_speech, decode_speech
 print(f"imports {time.time()-t0:.1f}s")
 
 class Tok:

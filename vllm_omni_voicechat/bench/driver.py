@@ -20,11 +20,11 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from ..audio.frames import FRAME_SECONDS, INPUT_SAMPLE_RATE, SILENT_INPUT_FRAME
+from ..wire.tiered.routing import DUPLEX_PATH, REALTIME_PATH, VOICECHAT_PATH, UnknownRoute, select_route
 from .metrics import AUDIO_DELTA_TYPES, TurnMeter, TurnRecord
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
-TRUTHY = {"1", "true", "on"}
 
 
 class Checker(Protocol):
@@ -45,25 +45,22 @@ def default_checker(route: str) -> Checker | None:
 
 
 def route_for(url: str, realtime_default: str = "v3") -> str:
-    """What the server's routing serves at ``url`` (README "Serving"): ``v3``, ``tiered`` (the full lane) or
-    ``tiered-openai`` (Tiers 1-2, ``/v1/realtime?model=...``). ``realtime_default`` mirrors the server's
-    ``--realtime-default`` for the bare ``/v1/realtime``."""
+    """What the server's routing (``wire/tiered/routing.select_route``) serves at ``url``: ``v3``, ``tiered`` (the
+    full lane) or ``tiered-openai`` (Tiers 1-2, ``/v1/realtime?model=...``). ``realtime_default`` mirrors the
+    server's ``--realtime-default`` for the bare ``/v1/realtime``; a path prefix (a proxy's) is allowed."""
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
-    query = parse_qs(parts.query)
-    if path.endswith("/v1/voicechat"):
+    path = next((p for p in (VOICECHAT_PATH, DUPLEX_PATH, REALTIME_PATH) if path.endswith(p)), path)
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    try:
+        route = select_route(path, query, {}, bare_default=realtime_default)
+    except UnknownRoute:
+        raise ValueError(f"{url}: not a voicechat WebSocket route (/v1/voicechat, /v1/realtime, /v1/duplex)") from None
+    if route.dialect == "duplex_off":
+        raise ValueError(f"{url}: duplex={query['duplex']} turns the realtime route off")
+    if route.dialect == "v3":
         return "v3"
-    if path.endswith("/v1/duplex"):
-        return "tiered"
-    if path.endswith("/v1/realtime"):
-        if "duplex" in query:
-            if query["duplex"][-1].lower() in TRUTHY:
-                return "tiered"
-            raise ValueError(f"{url}: duplex={query['duplex'][-1]} turns the realtime route off")
-        if "model" in query:
-            return "tiered-openai"
-        return realtime_default
-    raise ValueError(f"{url}: not a voicechat WebSocket route (/v1/voicechat, /v1/realtime, /v1/duplex)")
+    return "tiered" if route.lane == "full" else "tiered-openai"
 
 
 def dialect_for(url: str, realtime_default: str = "v3") -> str:

@@ -2,20 +2,18 @@
 
 A session script is text, one user turn per line. A line that starts with ``wav:`` or ends in ``.wav`` names a WAV
 file (any rate, mono or multi-channel PCM16; mixed down and resampled to 16 kHz); any other line is rendered as
-simulator speech (``sim.speech.render_speech``), which the simulator model transcribes back word for word. The
+simulator speech (``audio.speech.render_speech``), which the simulator model transcribes back word for word. The
 same script therefore drives the simulator and a GPU deployment (where a WAV workload is the meaningful one).
 """
 
 from __future__ import annotations
 
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from ..audio.frames import FRAME_MS, INPUT_FRAME_BYTES, INPUT_SAMPLE_RATE
-from ..sim.speech import render_speech
+from ..audio.frames import FRAME_MS, INPUT_FRAME_BYTES
+from ..audio.speech import render_speech
+from ..audio.wav import load_wav_16k
 
 WAV_PREFIX = "wav:"
 
@@ -61,20 +59,8 @@ def split_frames(pcm16: bytes) -> list[bytes]:
 
 
 def read_wav_16k(path: str | Path) -> bytes:
-    """A PCM16 WAV as 16 kHz mono PCM16 (channels averaged, resampled with soxr when the rate differs)."""
-    with wave.open(str(path), "rb") as w:
-        if w.getsampwidth() != 2:
-            raise ValueError(f"{path}: only 16-bit PCM WAV is supported (sample width {w.getsampwidth()})")
-        channels, rate = w.getnchannels(), w.getframerate()
-        raw = w.readframes(w.getnframes())
-    x = np.frombuffer(raw, dtype="<i2").astype(np.float32)
-    if channels > 1:
-        x = x.reshape(-1, channels).mean(axis=1)
-    if rate != INPUT_SAMPLE_RATE:
-        import soxr
-
-        x = soxr.resample(x, rate, INPUT_SAMPLE_RATE)
-    return np.clip(np.round(x), -32768, 32767).astype("<i2").tobytes()
+    """A 16-bit PCM WAV as 16 kHz mono PCM16 (channels averaged, resampled with soxr when the rate differs)."""
+    return load_wav_16k(path, pcm16_only=True)
 
 
 def turn_frames(turn: TurnSource) -> list[bytes]:

@@ -37,6 +37,11 @@ class EnvelopeError(ValueError):
     """A position envelope that does not match what the port sent (a protocol bug between port and plugin)."""
 
 
+class RequestFailed(EnvelopeError):
+    """The thinker reported that this session's request failed (``{"failed": message}`` evidence): the session
+    ends with the message, the engine and other sessions go on."""
+
+
 def decode_controls(vc: dict) -> PositionControls:
     """The controls a thinker applies from a ``vc`` dict (tool results as the port's token strings)."""
     return PositionControls(
@@ -149,6 +154,8 @@ def decode_step(evidence: Any, audio: bytes, inference_ms: float) -> StepResult:
     """Our ``StepResult`` from a position's ``vc_step`` evidence (any form :func:`evidence_from_wire` takes) and
     its aligned 80 ms audio packet (PCM16)."""
     evidence = evidence_from_wire(evidence)
+    if evidence.get("failed"):
+        raise RequestFailed(str(evidence["failed"]))
     try:
         agent = evidence["agent"]
         boundary = evidence["boundary"]

@@ -23,6 +23,7 @@ from starlette.websockets import WebSocket
 
 from ..server.app import VoicechatServer
 from ..server.config import ServerConfig
+from ..server.page import page_routes
 from ..server.warmup import warm_up
 from .port import OmniStage0Port
 from .settings import read_settings
@@ -44,6 +45,9 @@ class VoicechatMount:
         engine_client = app.state.engine_client
         # The deploy YAML's voicechat: block, under what the mount was given explicitly.
         self.settings = {**read_settings(getattr(engine_client, "config_path", None)), **self.settings}
+        apply = getattr(self.plugin, "apply_settings", None)
+        if apply is not None:
+            apply(self.settings)  # the plugin's own position backstop and fence: the same values as our runtime
         loop = asyncio.get_running_loop()
         bus = self.plugin.bus
         step_timeout_s = float(self.settings.pop("step_timeout_s", 10.0))
@@ -60,7 +64,7 @@ class VoicechatMount:
         self.server = VoicechatServer(config)
         self.api_server_count = int(getattr(app.state, "api_server_count", 1) or 1)
         if warmup_positions > 0:
-            self.server.warmup = await loop.run_in_executor(None, warm_up, factory(), warmup_positions)
+            self.server.record_warmup(await loop.run_in_executor(None, warm_up, factory(), warmup_positions))
 
     async def health(self, request: Request) -> JSONResponse:
         if self.server is None:
@@ -93,7 +97,7 @@ class VoicechatMount:
 
     def routes(self) -> list:
         return [Route("/health", self.health), WebSocketRoute("/v1/realtime", self.realtime),
-                WebSocketRoute("/v1/duplex", self.realtime), WebSocketRoute("/v1/voicechat", self.v3)]
+                WebSocketRoute("/v1/duplex", self.realtime), WebSocketRoute("/v1/voicechat", self.v3), *page_routes()]
 
 
 def _typed_input_synthesizer() -> Any:
@@ -117,7 +121,19 @@ def install_for_serve(plugin: Any) -> bool:
     (the API server module is imported and the command is ``serve``); a no-op anywhere else."""
     if sys.argv[1:2] != ["serve"] or API_SERVER_MODULE not in sys.modules:
         return False
+    _log_like_vllm()
     return install(VoicechatMount(plugin))
+
+
+def _log_like_vllm() -> None:
+    """Our loggers write through vLLM's handlers (vLLM configures only its own logger tree, so without this our
+    session, warm-up and mount lines never reach the server's log)."""
+    ours, theirs = logging.getLogger("vllm_omni_voicechat"), logging.getLogger("vllm")
+    if theirs.handlers and not ours.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
 
 
 def install(mount: VoicechatMount, router: Any = None) -> bool:
@@ -143,5 +159,5 @@ def install(mount: VoicechatMount, router: Any = None) -> bool:
 
     router.lifespan_context = lifespan
     setattr(router, _MARKER, True)
-    log.info("voicechat routes mounted: /health /v1/realtime /v1/duplex /v1/voicechat")
+    log.info("voicechat routes mounted: /health /v1/realtime /v1/duplex /v1/voicechat / /ui/")
     return True

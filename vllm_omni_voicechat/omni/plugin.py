@@ -24,8 +24,6 @@ from copy import deepcopy
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from vllm_omni.engine.duplex.config import DuplexCapabilities, DuplexSessionConfig
 from vllm_omni.engine.duplex.contracts import (
     DuplexAppendPlan,
@@ -64,6 +62,7 @@ from ..session.settlement import DEFAULT_FENCE
 from ..session.tools import InvalidTools, normalize_tools, tool_to_dict
 from .bus import Stage0Bus, Stage0Output
 from .envelope import VC_KEY
+from .stage2 import Stage2AudioError, stage2_audio
 
 if TYPE_CHECKING:
     from vllm.config import ModelConfig
@@ -96,6 +95,13 @@ class VoiceChatRuntimeConfigError(DuplexRuntimeConfigError):
     """A client configuration our plugin rejects (reported with ``code``)."""
 
 
+def _stage_id(output: Any) -> int | None:
+    stage_id = getattr(output, "stage_id", None)
+    if stage_id is None:
+        stage_id = getattr(getattr(output, "request_output", None), "stage_id", None)
+    return stage_id if isinstance(stage_id, int) else None
+
+
 class VoiceChatDataPlane(NemotronVoiceChatDataPlaneSession):
     """The data plane of our plugin.
 
@@ -113,10 +119,14 @@ class VoiceChatDataPlane(NemotronVoiceChatDataPlaneSession):
         if not any(channel is not None for _, channel in channels):
             return super().project(result, context=context)
         for output, channel in channels:
-            if channel is not None and getattr(output, "stage_id", None) == 2:
-                audio = (getattr(output, "multimodal_output", None) or {}).get("audio")
+            if channel is not None and _stage_id(output) == 2:
+                try:
+                    audio = stage2_audio(output)
+                except Stage2AudioError as exc:
+                    channel.fail(str(exc))
+                    continue
                 if audio is not None:
-                    channel.put_audio(np.asarray(audio, dtype=np.float32).reshape(-1))
+                    channel.put_audio(audio)
         return iter(())
 
 
@@ -146,6 +156,20 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
         unknown = set(self.runtime_defaults) - set(RUNTIME_DEFAULTS)
         if unknown:
             raise ValueError(f"unknown voicechat runtime keys: {sorted(unknown)}")
+
+    SETTINGS_TO_RUNTIME: Mapping[str, str] = {
+        "max_session_model_frames": VC_MAX_SESSION_MODEL_FRAMES,
+        "settlement_blank_frames": VC_SETTLEMENT_BLANK_FRAMES,
+        "function_call_timeout_s": VC_FUNCTION_CALL_TIMEOUT_S,
+        "function_recovery_max_frames": VC_FUNCTION_RECOVERY_MAX_FRAMES,
+    }
+
+    def apply_settings(self, settings: Mapping[str, object]) -> None:
+        """Our runtime's bounds from the deploy YAML's ``voicechat:`` block (one source of truth for the plugin's
+        own backstop and the server's runtime; the mount calls it at start-up)."""
+        for name, key in self.SETTINGS_TO_RUNTIME.items():
+            if name in settings:
+                self.runtime_defaults[key] = settings[name]
 
     # ---- engine policy ----
 

@@ -22,6 +22,10 @@ from .bus import Channel, ChannelFailure, Stage0Bus
 from .envelope import EVIDENCE_KEY, EnvelopeError, decode_step, encode_controls, frame_to_f32
 
 DEFAULT_STEP_TIMEOUT_S = 10.0
+CONTROL_TIMEOUT_S = 10.0
+"""What we give vLLM-Omni's control RPCs (open, close, cancel_input): its own default."""
+CONTROL_GRACE_S = 5.0
+"""How much longer we wait than the RPC itself: its own timeout (and its compensating close) fires first."""
 
 
 class OmniStage0Port:
@@ -45,8 +49,18 @@ class OmniStage0Port:
         self.channel: Channel | None = None
         self.position = 0
 
-    def _run(self, coro) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.step_timeout_s)
+    def _run(self, coro, timeout_s: float | None = None) -> Any:
+        """Run ``coro`` on the API loop and wait; on our timeout the coroutine is cancelled, never orphaned (a
+        cancelled ``open_session`` sends vLLM-Omni's compensating close, so a late admission cannot hold a slot)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(self.step_timeout_s if timeout_s is None else timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def _control(self, call) -> Any:
+        return self._run(call(timeout=CONTROL_TIMEOUT_S), CONTROL_TIMEOUT_S + CONTROL_GRACE_S)
 
     # ---- ModelPort ----
 
@@ -61,7 +75,7 @@ class OmniStage0Port:
             "extra_body": {"auto_response": True, "realtime_tools": [tool_to_dict(t) for t in prompt.tools]},
         }
         try:
-            self.handle = self._run(self.omni.open_session(config))
+            self.handle = self._control(lambda timeout: self.omni.open_session(config, timeout=timeout))
         except Exception as exc:
             raise ModelError(f"vLLM-Omni refused the session: {exc}") from exc
         self.channel = self.bus.open(self.handle.session_id, audio_lag=self.audio_lag)
@@ -112,6 +126,6 @@ class OmniStage0Port:
             return
         self.bus.close(handle.session_id)
         try:
-            self._run(handle.close(reason="voicechat_session_end"))
+            self._control(lambda timeout: handle.close(reason="voicechat_session_end", timeout=timeout))
         except Exception as exc:
             raise ModelError(f"closing the vLLM-Omni session failed: {exc}") from exc

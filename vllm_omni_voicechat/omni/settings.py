@@ -10,6 +10,16 @@ when ``max_session_model_frames + prompt + 1 <= max_model_len``. The check below
 ``MIN_PROMPT_TOKENS`` for the prompt: the guard then ends a session with the clean ``session_position_limit``
 error before Stage 0 could refuse a position. A prompt longer than what is left fails at its first position
 beyond the bound with vLLM-Omni's own ``max_model_len`` error (a model error of that session, never a crash).
+
+Stage 1 (the talker) holds one request per session too, and it grows with every position: its speaker-prompt
+prefill (``talker_init_len``), a timeline placeholder and a generated code step per position (vLLM's counters
+showed about one generated token a position), and more when positions arrive faster than real time (a backlog, a
+burst of appends). Measured on the real engine on CPU, on a quiet machine: with a Stage-1 ``max_model_len`` of
+2,048 a burst-fed session stalled at 680 positions with no error (the talker's request had ended, Stage 2 sent no
+more packets); with 8,192 the same session reached its 1,000-position guard. 2,048 / 680 is 3.0 tokens a
+position, so the guard must also fit ``talker_init_len + TALKER_TOKENS_PER_POSITION x positions`` in Stage 1's
+``max_model_len`` and ``TALKER_TOKENS_PER_POSITION x positions`` in its ``max_tokens`` (conservative: only the
+generated steps count there).
 """
 
 from __future__ import annotations
@@ -24,6 +34,10 @@ from ..wire.tiered.routing import BARE_DEFAULTS
 MIN_PROMPT_TOKENS = 1024
 """Prompt tokens (instructions + tool block, with BOS/EOS) a deployment must leave room for in Stage 0."""
 
+TALKER_TOKENS_PER_POSITION = 3
+"""Stage-1 request tokens one position may cost (the worst measured on the CPU engine: 2,048 tokens / 680
+positions = 3.0; see the module docstring)."""
+
 # name -> (type, minimum); ServerConfig fields plus the port's own knobs
 FIELDS: Mapping[str, tuple[type, float | None]] = {
     "warmup_positions": (int, 0),
@@ -37,9 +51,14 @@ FIELDS: Mapping[str, tuple[type, float | None]] = {
     "handshake_timeout_s": (float, 0.001),
     "default_instructions": (str, None),
     "realtime_default": (str, None),
+    "v3_turns": (str, None),
     "audio_lag_positions": (int, 0),
     "step_timeout_s": (float, 0.001),
 }
+
+
+V3_TURNS = ("client", "legacy")
+"""``voicechat.v3_turns``: client-owned v3 turns (production) or the diagnostic RNNT-owned legacy mode."""
 
 
 class VoicechatSettingsError(ValueError):
@@ -66,16 +85,58 @@ def parse_block(block: Any) -> dict[str, Any]:
         out[name] = value
     if out.get("realtime_default", "v3") not in BARE_DEFAULTS:
         raise VoicechatSettingsError(f"voicechat.realtime_default must be one of {', '.join(BARE_DEFAULTS)}")
+    if out.get("v3_turns", "client") not in V3_TURNS:
+        raise VoicechatSettingsError(f"voicechat.v3_turns must be one of {', '.join(V3_TURNS)}")
     return out
+
+
+def _stage(deploy: Mapping[str, Any], stage_id: int) -> Mapping[str, Any] | None:
+    for stage in deploy.get("stages") or ():
+        if isinstance(stage, Mapping) and stage.get("stage_id") == stage_id:
+            return stage
+    return None
+
+
+def _engine_arg(stage: Mapping[str, Any] | None, key: str) -> Any:
+    if stage is None:
+        return None
+    return stage.get(key, (stage.get("engine_args") or {}).get(key))
 
 
 def stage0_max_model_len(deploy: Mapping[str, Any]) -> int | None:
     """Stage 0's ``max_model_len`` in a resolved deploy YAML (None when it does not say)."""
-    for stage in deploy.get("stages") or ():
-        if isinstance(stage, Mapping) and stage.get("stage_id") == 0:
-            value = stage.get("max_model_len", (stage.get("engine_args") or {}).get("max_model_len"))
-            return int(value) if value is not None else None
-    return None
+    value = _engine_arg(_stage(deploy, 0), "max_model_len")
+    return int(value) if value is not None else None
+
+
+def talker_lengths(deploy: Mapping[str, Any]) -> tuple[int | None, int | None, int]:
+    """Stage 1's ``(max_model_len, default max_tokens, talker_init_len)`` in a resolved deploy YAML (None where it
+    does not say; ``talker_init_len`` 0 when absent)."""
+    stage = _stage(deploy, 1)
+    max_model_len = _engine_arg(stage, "max_model_len")
+    sampling = (stage or {}).get("default_sampling_params") or {}
+    max_tokens = sampling.get("max_tokens")
+    overrides = _engine_arg(stage, "hf_overrides") or {}
+    init = int(overrides.get("talker_init_len", 0) or 0)
+    return (int(max_model_len) if max_model_len is not None else None,
+            int(max_tokens) if max_tokens is not None else None, init)
+
+
+def check_talker_length(max_session_model_frames: int, max_model_len: int | None, max_tokens: int | None,
+                        talker_init_len: int = 0) -> None:
+    """Raise unless a full-length session fits Stage 1's request (see the module docstring)."""
+    need = TALKER_TOKENS_PER_POSITION * max_session_model_frames
+    if max_model_len is not None and talker_init_len + need > max_model_len:
+        raise VoicechatSettingsError(
+            f"voicechat.max_session_model_frames={max_session_model_frames} needs {talker_init_len + need} tokens "
+            f"in Stage 1's request ({talker_init_len} + {TALKER_TOKENS_PER_POSITION} per position) but its "
+            f"max_model_len is {max_model_len}: lower it to at most "
+            f"{(max_model_len - talker_init_len) // TALKER_TOKENS_PER_POSITION} or raise Stage 1's max_model_len")
+    if max_tokens is not None and need > max_tokens:
+        raise VoicechatSettingsError(
+            f"voicechat.max_session_model_frames={max_session_model_frames} needs {need} generated tokens in "
+            f"Stage 1 ({TALKER_TOKENS_PER_POSITION} per position) but its max_tokens is {max_tokens}: lower it to "
+            f"at most {max_tokens // TALKER_TOKENS_PER_POSITION} or raise Stage 1's max_tokens")
 
 
 def prompt_token_budget(max_session_model_frames: int, max_model_len: int,
@@ -91,15 +152,17 @@ def prompt_token_budget(max_session_model_frames: int, max_model_len: int,
 
 
 def read_settings(config_path: str | Path | None) -> dict[str, Any]:
-    """The validated block of the deploy YAML the engine was started with (``{}`` without one), checked against
-    Stage 0's ``max_model_len`` (the session position guard, see the module docstring)."""
+    """The validated block of the deploy YAML the engine was started with (``{}`` without one), its session position
+    guard checked against Stage 0's and Stage 1's request lengths (see the module docstring)."""
     if config_path is None:
         return {}
     from vllm_omni.config.stage_config import resolve_deploy_yaml
 
     deploy = resolve_deploy_yaml(config_path)
     out = parse_block(deploy.get("voicechat"))
+    frames = out.get("max_session_model_frames", DEFAULT_MAX_SESSION_MODEL_FRAMES)
     max_model_len = stage0_max_model_len(deploy)
     if max_model_len is not None:
-        prompt_token_budget(out.get("max_session_model_frames", DEFAULT_MAX_SESSION_MODEL_FRAMES), max_model_len)
+        prompt_token_budget(frames, max_model_len)
+    check_talker_length(frames, *talker_lengths(deploy))
     return out

@@ -6,12 +6,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..ids import SYSTEM_IDS, Ids
 from ..model.port import ModelPort
 from ..runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
+from ..session.functions import FUNCTION_CALL_TIMEOUT_S, FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES
 from ..session.settlement import DEFAULT_FENCE
 from ..sim.model import SimBehaviour, SimulatorModel
 from ..synth.port import Synthesizer
 from ..synth.simulated import SimulatorSynthesizer
+from ..wire.tiered import journal
+from ..wire.tiered.schema import DISCONNECT_GRACE_S, HANDSHAKE_TIMEOUT_S
+from ..wire.v3.schema import RECEIVE_QUEUE_MESSAGES
 
 
 @dataclass(slots=True)
@@ -20,24 +25,27 @@ class ServerConfig:
     max_session_model_frames: int = DEFAULT_MAX_SESSION_MODEL_FRAMES
     settlement_blank_frames: int = DEFAULT_FENCE
     default_instructions: str = ""
-    function_call_timeout_s: float = 30.0
-    function_recovery_max_frames: int = 256
+    function_call_timeout_s: float = FUNCTION_CALL_TIMEOUT_S
+    function_recovery_max_frames: int = FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES
     model_kind: str = "simulator"
     model_factory: Callable[[], ModelPort] = field(default=lambda: SimulatorModel())
     synthesizer: Synthesizer | None = field(default_factory=SimulatorSynthesizer)
     realtime_default: str = "v3"
+    v3_turns: str = "client"
+    """Who owns v3 turns: ``client`` (production: client barriers) or ``legacy`` (the contract's diagnostic
+    RNNT-owned mode: the model's end-of-utterance opens responses, ``turn_start`` is unsupported)."""
     """What a bare ``/v1/realtime`` (no ``duplex``/``model`` query, no ``OpenAI-Beta``) speaks: v3 | tiered |
     tiered-openai."""
-    disconnect_grace_s: float = 30.0
+    disconnect_grace_s: float = DISCONNECT_GRACE_S
     """How long a detached tiered session waits for ``session.resume``."""
-    handshake_timeout_s: float = 10.0
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
     """How long a tiered socket without autostart may wait before its first message (then config_timeout)."""
     warmup_positions: int = 0
     """Silent positions of a throwaway session run before the server admits clients (0: none). A failing warmup
     fails the startup: a model home that cannot run positions should not accept sessions. The simulator needs
     none; real model homes do (first-position compilation and allocation)."""
-    journal_max_bytes: int = 8 << 20
-    journal_ttl_s: float = 60.0
+    journal_max_bytes: int = journal.DEFAULT_MAX_BYTES
+    journal_ttl_s: float = journal.DEFAULT_TTL_S
     # Backpressure bounds, per socket (docs/reliability.md, "Backpressure"). Only sizes trip them, never time: a
     # slow consumer must not trip a transport timer (v3 contract §1).
     max_outbound_bytes: int = 8 << 20
@@ -49,12 +57,14 @@ class ServerConfig:
     outbound_close_timeout_s: float = 10.0
     """After a bound tripped: how long the fatal error and close frame may wait for the socket before it is
     aborted (a stalled reader never drains them)."""
-    max_inbox_messages: int = 256
+    max_inbox_messages: int = RECEIVE_QUEUE_MESSAGES
     """Client messages received but not yet handed to the session (the v3 reference's 256-message receive
     queue). Beyond it a message is refused with a typed recoverable error (v3 ``input_backpressure``, tiered
     ``rate_limit_error/input_backpressure``); as many refusals may be pending, then the reader stops reading."""
     max_inbox_bytes: int = 16 << 20
     """The same bound in bytes (one message of any size always fits an empty inbox)."""
+    ids: Ids = SYSTEM_IDS
+    """Where session ids, resume tokens and handshake event ids come from (seeded: reproducible runs)."""
     trace_factory: Callable[[str], Any] | None = None
     """Called once per accepted socket with its dialect (``v3``, ``tiered``, ``tiered-openai``); the result (a
     ``vllm_omni_voicechat.trace.TraceChecker`` or alike) sees every frame of that socket (tests check invariants

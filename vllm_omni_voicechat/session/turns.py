@@ -35,6 +35,9 @@ class _Remembered:
     def get(self, client_turn_id: int) -> str | None:
         return self._ids.get(client_turn_id)
 
+    def __len__(self) -> int:
+        return len(self._ids)
+
 
 class TurnLedger:
     """Evaluates ``turn_start`` / ``commit`` at receipt, in the contract's order (shape is checked by the parser)."""
@@ -97,3 +100,8 @@ class TurnLedger:
     @property
     def turn_open(self) -> bool:
         return self.open_client_turn_id is not None
+
+    @property
+    def started_any(self) -> bool:
+        """A client turn was ever started (it locks the session's settings)."""
+        return len(self._started) > 0

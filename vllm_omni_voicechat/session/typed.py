@@ -1,12 +1,23 @@
-"""Typed-input requests: validation in the contract's rejection order, and the job record."""
+"""Typed input: request validation in the contract's rejection order, the job record, and the typed-job queue
+(one job at a time, later requests waiting behind it, replacement before the model was touched)."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from .commands import RequestTypedInput
+from .events import CancelSynthesis, Error, StartSynthesis, TypedAccepted, TypedInjectionFinished, TypedRejected
+from .work import InjectTyped
+
+if TYPE_CHECKING:
+    from .core import SessionCore
+    from .events import Disposition
 
 MAX_TYPED_TEXT_CHARS = 1000
 MAX_JOB_ID_CHARS = 128
+MAX_QUEUED_TYPED_REQUESTS = 8
 
 JobState = Literal["synthesizing", "ready", "mutated", "done"]
 
@@ -53,3 +64,105 @@ class TypedJob:
     @property
     def mutated(self) -> bool:
         return self.state in ("mutated", "done")
+
+    @property
+    def started(self) -> bool:
+        """Its procedure began (a cancel tail may run before the first typed position)."""
+        return self.mutated or self.turn_id is not None
+
+
+class TypedJobs:
+    """The session's typed-job queue: the active job, the requests waiting behind it and every id used.
+
+    It emits through its core and queues the active job's injection on the core's work queue.
+    """
+
+    def __init__(self, core: SessionCore, *, max_waiting: int = MAX_QUEUED_TYPED_REQUESTS) -> None:
+        self._core = core
+        self.max_waiting = max_waiting
+        self.job: TypedJob | None = None
+        self.waiting: deque[RequestTypedInput] = deque()
+        self.used: set[str] = set()
+        """Ids of every accepted job (a job once accepted locks the session's settings)."""
+
+    def request(self, cmd: RequestTypedInput) -> None:
+        core = self._core
+        reason = rejection_reason(
+            cmd.job_id,
+            cmd.text,
+            configured=core.configured,
+            synthesizer_ready=core.config.typed_input_ready,
+            mic_turn_open=core.turns.turn_open,
+            function_cycle_open=core.functions.cycle is not None,
+            used_job_ids=self.used | {r.job_id for r in self.waiting},  # type: ignore[misc]
+        )
+        if reason is not None:
+            core.emit(TypedRejected(cmd.job_id, reason))
+            return
+        job = self.job
+        if job is not None and not job.started:
+            # Replacement: cancel -> close -> start, before the old job touched the model.
+            self._withdraw(job, "replaced")
+        elif job is not None:
+            if len(self.waiting) >= self.max_waiting:
+                core.emit(TypedRejected(cmd.job_id, "typed_input_unavailable"))
+                return
+            self.waiting.append(cmd)
+            return
+        self._accept(cmd)
+
+    def _accept(self, cmd: RequestTypedInput) -> None:
+        assert isinstance(cmd.job_id, str) and isinstance(cmd.text, str)
+        core = self._core
+        job = TypedJob(cmd.job_id, cmd.text)
+        self.used.add(job.job_id)
+        self.job = job
+        core.microphone.drop_partial()
+        core.emit(TypedAccepted(job.job_id))
+        core.emit(StartSynthesis(job.job_id, job.text))
+        core.work.append(InjectTyped(job))
+
+    def finish(self, job: TypedJob, disposition: Disposition) -> None:
+        job.state = "done"
+        if self.job is job:
+            self.job = None  # readiness barrier: cleared before injection_finished is sent
+        self._core.emit(TypedInjectionFinished(job.job_id, disposition))
+        while self.job is None and self.waiting and not self._core.stopping:
+            self.request(self.waiting.popleft())
+
+    def release(self, *, procedure_ends: bool) -> None:
+        """Answer waiting requests and cancel an accepted job that has not touched the model.
+
+        A job whose procedure already runs (its cancel tail) is left to it, unless that procedure ends too.
+        """
+        core = self._core
+        while self.waiting:
+            core.emit(TypedRejected(self.waiting.popleft().job_id, "typed_input_unavailable"))
+        job = self.job
+        if job is not None and not job.mutated and (procedure_ends or not job.started):
+            self._withdraw(job, "cancelled")
+
+    def _withdraw(self, job: TypedJob, disposition: Disposition) -> None:
+        self._core.work.drop_job(job)
+        if job.state == "synthesizing":
+            self._core.emit(CancelSynthesis(job.job_id))
+        self.finish(job, disposition)
+
+    def synthesized(self, job_id: str, pcm16: bytes) -> bool:
+        """The active job's audio is ready; False when it is not whole PCM16 samples (a failed synthesis)."""
+        job = self.job
+        if job is None or job.job_id != job_id or job.state != "synthesizing":
+            return True  # stale: a replaced or cancelled job
+        if not pcm16 or len(pcm16) % 2:
+            return False
+        job.pcm = pcm16
+        job.state = "ready"
+        return True
+
+    def synthesis_failed(self, job_id: str, error: BaseException) -> None:
+        job = self.job
+        if job is None or job.job_id != job_id or job.mutated:
+            return
+        self._core.work.drop_job(job)
+        self._core.emit(Error("typed_input_failed", f"typed input synthesis failed: {error}", False, job_id))
+        self.finish(job, "error")

@@ -1,8 +1,8 @@
-"""The asyncio shell of one session: feeds the protocol object, runs the model off the event loop, executes
-effects.
+"""The one asyncio host: one session's shell feeds its protocol object, runs the model off the event loop and
+executes effects.
 
-The protocol object is a :class:`~vllm_omni_voicechat.session.core.SessionCore` or a wire session wrapping one
-(same driving interface). Client input is queued in an inbox and handed over only between positions, so the
+The protocol object is anything with the driving interface of ``driving.py`` (a bare ``SessionCore`` or a wire
+session). Client input is queued in an inbox and handed over only between positions, so the
 protocol sees input and step results in one order and the model is never touched by two threads at once. The inbox
 is bounded (:meth:`SessionShell.offer`): beyond its bounds a client message is refused, and its refusal is answered
 through ``refuse`` in the same order as everything else (docs/reliability.md, "Backpressure").
@@ -23,7 +23,6 @@ from typing import Any
 
 from ..model.port import ModelPort
 from ..session.commands import Command
-from ..session.core import SessionCore
 from ..session.events import (
     AbortModel,
     CancelSynthesis,
@@ -32,6 +31,7 @@ from ..session.events import (
     StartSynthesis,
 )
 from ..synth.port import Synthesizer
+from .driving import Driven
 
 Sink = Callable[[Any], Awaitable[None] | None]
 
@@ -45,6 +45,10 @@ class _Done:
 
 class _Disconnect:
     pass
+
+
+class _Wake:
+    """Poll again: the protocol object changed outside the loop's own calls (a detach with its grace deadline)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +92,7 @@ def client_event_id(message: str | bytes) -> Any:
 class SessionShell:
     def __init__(
         self,
-        core: SessionCore | Any,
+        core: Driven,
         model: ModelPort,
         sink: Sink,
         *,
@@ -123,6 +127,7 @@ class SessionShell:
         self._room.set()
         self._tasks: set[asyncio.Task] = set()
         self.positions = 0
+        self.model_failure: str | None = None
         self.cleanup_error: BaseException | None = None  # model.abort() failed: the model home is suspect
         self._released = False
 
@@ -138,7 +143,8 @@ class SessionShell:
         size = _size(message)
         while True:
             cap = self.max_inbox_messages
-            fits = cap is None or self.inbox_messages < cap
+            # Frames the protocol object holds behind an unfinished barrier are still in the receive pump.
+            fits = cap is None or self.inbox_messages + getattr(self.core, "held_messages", 0) < cap
             if fits and self.max_inbox_bytes is not None and self.inbox_messages:
                 fits = self.inbox_bytes + size <= self.max_inbox_bytes  # one message always fits an empty inbox
             if fits:
@@ -169,8 +175,17 @@ class SessionShell:
         self._room.set()
         return item
 
+    @property
+    def inbox_empty(self) -> bool:
+        """Nothing waits to be handed to the protocol object (client frames, completions, wake-ups)."""
+        return self._inbox.empty()
+
     def disconnect(self) -> None:
         self._inbox.put_nowait(_Disconnect())
+
+    def wake(self) -> None:
+        """Poll the protocol object again soon (its deadlines may have changed)."""
+        self._inbox.put_nowait(_Wake())
 
     # --- main loop --------------------------------------------------------------------------------------
 
@@ -188,10 +203,12 @@ class SessionShell:
                     try:
                         result = await loop.run_in_executor(self._executor, self.model.step, tick.position.input)
                     except Exception as exc:
+                        self.model_failure = f"position {self.positions - 1}: {exc}"  # for the server's log
                         outputs = self.core.fail(tick.position, exc, self._clock())
                     else:
                         outputs = self.core.complete(tick.position, result, self._clock())
                     await self._dispatch(outputs)
+                    self._room.set()  # a position's ack may have released held frames
                     while not self.core.closed and not self._inbox.empty():
                         await self._handle(self._inbox.get_nowait())
                     continue
@@ -214,6 +231,9 @@ class SessionShell:
             await self._dispatch(self.core.disconnect(now), publish=False)
         elif isinstance(item, _Done):
             await self._dispatch(item.apply(now))
+            self._room.set()  # a finished barrier may have released held frames
+        elif isinstance(item, _Wake):
+            pass  # the loop polls again
         else:
             await self._dispatch(self.core.receive(item, now))
 

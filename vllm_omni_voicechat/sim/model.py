@@ -20,12 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..audio.frames import INPUT_FRAME_BYTES, OUTPUT_FRAME_SAMPLES, SILENT_OUTPUT_FRAME
+from ..audio.speech import SpeechDecoder, render_token_audio
+from ..model.function_gate import FunctionGate
 from ..model.port import (
+    IDLE_FUNCTION,
     AgentControl,
     AgentOutput,
     BoundaryPhase,
     FunctionState,
-    IDLE_FUNCTION,
     ModelError,
     PositionInput,
     ResponseBoundary,
@@ -35,7 +37,6 @@ from ..model.port import (
     StepTimings,
     ToolCall,
 )
-from ..model.function_gate import FunctionGate
 from ..model.prompt import (
     TOOL_RESPONSE_CLOSE,
     TOOL_RESPONSE_OPEN,
@@ -43,7 +44,7 @@ from ..model.prompt import (
     render_system_prompt,
     tools_from_prompt,
 )
-from .speech import SpeechDecoder, render_token_audio, split_tokens
+from ..model.tokens import split_tokens
 
 SOTC = "<SPECIAL_20>"
 EOTC = "<SPECIAL_21>"
@@ -87,6 +88,8 @@ class SimBehaviour:
     """Diagnostic RNNT-owned mode: this many consecutive blanks after speech make the model take the turn."""
     fail_at_position: int | None = None
     """Raise a model failure on this position index."""
+    fail_prefill: bool = False
+    """Every prefill raises a model failure (after ``prefill_delay_s``): the model-ready barrier never completes."""
     stalled_response: str | None = None
     """A response that never says anything until EOS is requested: ``"silent"`` (PAD and digital silence) or
     ``"hum"`` (PAD with audible non-speech audio). The session's agent watchdogs end it."""
@@ -119,6 +122,7 @@ class SimulatorModel:
         self.system_prompt = ""
         self.tools: tuple = ()
         self.prefills = 0
+        self.prefills_failed = 0
         self.aborted = False
         self._reset_state()
 
@@ -127,6 +131,9 @@ class SimulatorModel:
     def prefill(self, prompt: SessionPrompt) -> None:
         if self.behaviour.prefill_delay_s:
             self._sleep(self.behaviour.prefill_delay_s)
+        if self.behaviour.fail_prefill:
+            self.prefills_failed += 1
+            raise ModelError("simulated prefill failure")
         self.prompt = prompt
         self.system_prompt = render_system_prompt(prompt)
         self.tools = tools_from_prompt(self.system_prompt)  # the simulator honours the rendered tool block

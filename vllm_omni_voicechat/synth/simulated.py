@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..sim.speech import render_speech
+from ..audio.speech import render_speech
 
 
 class SimulatorSynthesizer:

@@ -1,8 +1,43 @@
-"""What a wire protocol object tells its transport beyond events."""
+"""What a wire protocol object hands its transport: event texts and the close instruction."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # built once: it runs per event
+
+
+def compact_json(event: dict[str, Any]) -> str:
+    """An event as sent and sized: compact JSON, UTF-8 kept (one serialisation for both dialects)."""
+    text = _ENCODE(event)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate echoed from a client's JSON escape: keep it escaped
+            text = json.dumps(event, separators=(",", ":"))
+    return text
+
+
+class Outbound(NamedTuple):
+    """One server event as JSON text; ``seq`` is its ``server_event_seq`` (tiered journaled events only). A named
+    tuple: one is made per event sent, and a tuple is the cheapest immutable record."""
+
+    text: str
+    seq: int | None = None
+
+    def json(self) -> dict:
+        return json.loads(self.text)
+
+
+MAX_CLOSE_REASON_BYTES = 123  # RFC 6455 §5.5: a control frame's payload is at most 125 bytes, 2 are the code
+
+
+def close_reason(reason: str) -> str:
+    """``reason`` cut to the 123 UTF-8 bytes a close frame carries, never inside a character."""
+    data = reason.encode("utf-8", "replace")  # a lone surrogate cannot be sent: it becomes "?"
+    return data[:MAX_CLOSE_REASON_BYTES].decode("utf-8", "ignore")
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,10 @@ class _Request:
     """The input sequence of the last position begun (a re-entered position is not stepped twice)."""
 
 
+def _wire(evidence: dict) -> torch.Tensor:
+    return torch.frombuffer(bytearray(evidence_to_wire(evidence)), dtype=torch.uint8)
+
+
 class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration):
     omni_client_multimodal_output_keys = (
         *NemotronVoiceChatThinkerForConditionalGeneration.omni_client_multimodal_output_keys,
@@ -95,6 +99,8 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         self._rnnt_vocabulary = rnnt_vocabulary
         self._llm_tokenizer = llm_tokenizer
         self._vc: dict[str, _Request] = {}
+        self._failed: dict[str, str] = {}
+        """Requests whose voicechat hooks raised: each gets a failure in its evidence, the engine serves the rest."""
         self._step_rows: list[tuple[str, int]] = []
         self._captured_encoder_frame: torch.Tensor | None = None
 
@@ -186,11 +192,27 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         offset = max(0, int(info.get("_omni_num_computed_tokens", 0) or 0))
         if offset + int(input_ids.shape[0]) < int(session["prefill_embeds"].shape[0]):
             return ids, embeds, update  # an inner prefill chunk: acoustic frame 0 is not in this span
+        if request_id in self._failed:
+            return ids, embeds, update  # a failed request runs on unchanged until its session aborts it
+        try:
+            self._begin_position(request_id, duplex, session)
+        except Exception as exc:  # never into the engine core: that would stop Stage 0 for every session
+            self._fail(request_id, exc)
+        return ids, embeds, update
+
+    def _fail(self, request_id: str, exc: BaseException) -> None:
+        logger.exception("voicechat thinker: request %s failed; its session gets the error", request_id)
+        self._failed[request_id] = f"voicechat thinker: {type(exc).__name__}: {exc}"
+        req = self._vc.get(request_id)
+        if req is not None:
+            req.pending, req.text = False, None
+
+    def _begin_position(self, request_id: str, duplex: dict[str, Any], session: dict[str, Any]) -> None:
         runtime = duplex.get("runtime_config") or {}
         req = self._request(request_id, runtime)
         seq = duplex.get("source_input_seq")
         if seq is not None and seq == req.last_seq:
-            return ids, embeds, update  # the runner re-entered this position (recompute): already begun/finished
+            return  # the runner re-entered this position (recompute): already begun/finished
         req.last_seq = seq
         vc = duplex.get(VC_KEY)
         controls = decode_controls(vc) if isinstance(vc, dict) else NO_CONTROLS
@@ -210,7 +232,6 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
             req.session.finish(pad, pad)
         req.session.begin(controls, rnnt, frame=frame, tool_result_ids=tool_ids)
         req.pending = True
-        return ids, embeds, update
 
     def make_omni_output(self, model_outputs: Any, **kwargs: Any):
         out = super().make_omni_output(model_outputs, **kwargs)
@@ -221,20 +242,13 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         for request_id, span in rows:
             offset += span
             req = self._vc.get(request_id)
-            if req is None or not req.pending:
-                continue
-            req.pending = False
-            last = hidden[offset - 1 : offset]
-            pad = req.session.ids.pad
-            with torch.inference_mode():
-                raw_text = int(self.compute_logits(last).argmax(dim=-1).reshape(-1)[0])
-                raw_fn = (int(self.function_head(last.to(self._dtype)).argmax(dim=-1).reshape(-1)[0])
-                          if self._use_function_head else pad)
-            text, fn, result = req.session.finish(raw_text, raw_fn)
-            req.text, req.function = text, fn
-            self._sessions[request_id]["func_token"] = fn
-            finished[request_id] = torch.frombuffer(bytearray(evidence_to_wire(encode_evidence(result))),
-                                                    dtype=torch.uint8)
+            if request_id not in self._failed and req is not None and req.pending:
+                try:
+                    finished[request_id] = self._finish_position(request_id, req, hidden[offset - 1 : offset])
+                except Exception as exc:
+                    self._fail(request_id, exc)
+            if request_id in self._failed:
+                finished[request_id] = _wire({"failed": self._failed[request_id]})
         if finished:
             info_dicts = kwargs.get("model_intermediate_buffer") or kwargs.get("runtime_additional_information")
             order = [i.get("request_id") if isinstance(i, dict) else None for i in info_dicts or ()]
@@ -243,9 +257,21 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
             empty = torch.zeros(0, dtype=torch.uint8)
             mm = out.multimodal_outputs
             mm[EVIDENCE_KEY] = [finished.get(rid, empty) for rid in order]
-            if len(order) == 1 and order[0] in finished:
+            if len(order) == 1 and order[0] in finished and order[0] not in self._failed:
                 mm["nvc_function_token"] = torch.tensor([self._vc[order[0]].function], dtype=torch.long)
         return out
+
+    def _finish_position(self, request_id: str, req: _Request, last: torch.Tensor) -> torch.Tensor:
+        req.pending = False
+        pad = req.session.ids.pad
+        with torch.inference_mode():
+            raw_text = int(self.compute_logits(last).argmax(dim=-1).reshape(-1)[0])
+            raw_fn = (int(self.function_head(last.to(self._dtype)).argmax(dim=-1).reshape(-1)[0])
+                      if self._use_function_head else pad)
+        text, fn, result = req.session.finish(raw_text, raw_fn)
+        req.text, req.function = text, fn
+        self._sessions[request_id]["func_token"] = fn
+        return _wire(encode_evidence(result))
 
     def sample(self, logits: torch.Tensor, sampling_metadata: Any):
         rows = dict(self._duplex_sampling_rows)
@@ -270,6 +296,7 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         super().on_requests_finished(finished_req_ids)
         for request_id in finished_req_ids:
             self._vc.pop(str(request_id), None)  # abort / epoch end: RNNT and control state go with it
+            self._failed.pop(str(request_id), None)
 
     # ---- weights ----
 
@@ -292,4 +319,10 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         self.rnnt = RnntModules.from_state_dict(rnnt_state).to(device=device, dtype=torch.float32)
         logger.info("voicechat thinker: RNNT loaded (%d tensors, vocabulary %d, encoder width %d)",
                     len(rnnt_state), self.rnnt.vocab_size, self.rnnt.enc_hidden)
+        # Resolved here, not at a session's first position or first word: a download or a missing file inside an
+        # engine step would stall or kill Stage 0 for every session (both honour HF_HUB_OFFLINE and local paths).
+        vocabulary = self._vocabulary()
+        self._decode  # noqa: B018 - loads the text tokenizer now
+        logger.info("voicechat thinker: RNNT vocabulary (%d pieces) and text tokenizer resolved",
+                    len(getattr(vocabulary, "pieces", ()) or ()))
         return loaded | {f"rnnt.{name}" for name in rnnt_state}

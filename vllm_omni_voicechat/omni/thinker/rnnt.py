@@ -63,7 +63,7 @@ class RnntModules(nn.Module):
             num_layers=layers,
             enc_hidden=int(state["enc.weight"].shape[1]),
             joint_hidden=int(state["enc.weight"].shape[0]),
-        )
+        ).to(embed.dtype)  # vLLM loads under its (bf16) default dtype: keep the checkpoint's precision
         modules.load_state_dict(dict(state), strict=True)
         return modules.eval()
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from ...ids import SYSTEM_IDS, Ids
+from ..transport import compact_json
 
 DEFAULT_MAX_BYTES = 8 << 20
 DEFAULT_TTL_S = 60.0
@@ -58,17 +59,6 @@ class ReplayConflict:
 
 class InvalidAck(ValueError):
     code = "invalid_event_ack"
-
-
-def compact_json(event: dict[str, Any]) -> str:
-    """An event as sent and sized: compact JSON, UTF-8 kept."""
-    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate echoed from a client's JSON escape: keep it escaped
-            text = json.dumps(event, separators=(",", ":"))
-    return text
 
 
 class Journal:
@@ -135,7 +125,8 @@ class Journal:
 class ResumeCredential:
     """A rotating resume token; only its SHA-256 digest is kept, compared in constant time."""
 
-    def __init__(self) -> None:
+    def __init__(self, ids: Ids = SYSTEM_IDS) -> None:
+        self._ids = ids
         self.generation = 0
         self._digest = b""
         self._previous: tuple[bytes, int] | None = None
@@ -146,7 +137,7 @@ class ResumeCredential:
 
     def issue(self) -> str:
         """A fresh token for a new attachment (generation 1 at open, +1 per resume)."""
-        token = "rt_" + secrets.token_urlsafe(32)
+        token = "rt_" + self._ids.token(32)
         self._previous = (self._digest, self.generation)
         self._digest = self._hash(token)
         self.generation += 1

@@ -15,12 +15,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
-from .audio import AudioFormatError, check_sample_rate, resolve_format
+from .audio import AudioFormatError, check_sample_rate
+from .fields import FieldRejected, format_and_rate, is_number
 
 MAX_FRAME_BYTES = 15 * 1024 * 1024  # §2: frame > 15 MiB → event_too_large
 
@@ -68,14 +68,6 @@ class ParseError:
             object.__setattr__(self, "error_class", error_class(self.code))
 
 
-class _Reject(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-
-
 # ---------------------------------------------------------------------------------------------------- formats
 
 # Format names and rate bounds are the audio module's (§8.1 / §8.2); the parser only maps its errors to codes.
@@ -85,22 +77,19 @@ def _format(value: Any, param: str, *, output: bool = False) -> tuple[str | None
     """A format given as a string or as a GA object ``{type, rate}`` → (canonical name, rate or None)."""
     if value is None:
         return None, None
-    if isinstance(value, dict) and value.get("type") is None:
-        rate = value.get("rate")
-        return None, None if rate is None else _rate(rate, f"{param}.rate")
     try:
-        return resolve_format(value, output=output, param=param)
+        return format_and_rate(value, param, output=output)
     except AudioFormatError as exc:
         if exc.code == "invalid_sample_rate":
-            raise _Reject("bad_event", str(exc), exc.param) from None
-        raise _Reject("unsupported_audio_format", str(exc), param) from None
+            raise FieldRejected("bad_event", str(exc), exc.param) from None
+        raise FieldRejected("unsupported_audio_format", str(exc), param) from None
 
 
 def _rate(value: Any, param: str) -> int:
     try:
         return check_sample_rate(value, param)
     except AudioFormatError as exc:
-        raise _Reject("bad_event", str(exc), param) from None
+        raise FieldRejected("bad_event", str(exc), param) from None
 
 
 # ---------------------------------------------------------------------------------------------------- field helpers
@@ -108,42 +97,38 @@ def _rate(value: Any, param: str) -> int:
 _MISSING: Any = object()
 
 
-def _is_num(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
 def _opt_str(obj: dict, key: str, code: str = "bad_event", param: str | None = None) -> str | None:
     value = obj.get(key)
     if value is None or isinstance(value, str):
         return value
-    raise _Reject(code, f"{key} must be a string", param or key)
+    raise FieldRejected(code, f"{key} must be a string", param or key)
 
 
 def _opt_bool(obj: dict, key: str) -> bool | None:
     value = obj.get(key)
     if value is None or isinstance(value, bool):
         return value
-    raise _Reject("bad_event", f"{key} must be a boolean", key)
+    raise FieldRejected("bad_event", f"{key} must be a boolean", key)
 
 
 def _opt_obj(obj: dict, key: str) -> dict | None:
     value = obj.get(key)
     if value is None or isinstance(value, dict):
         return value
-    raise _Reject("bad_event", f"{key} must be an object", key)
+    raise FieldRejected("bad_event", f"{key} must be an object", key)
 
 
 def _opt_num(obj: dict, key: str) -> float | int | None:
     value = obj.get(key)
-    if value is None or _is_num(value):
+    if value is None or is_number(value):
         return value
-    raise _Reject("bad_event", f"{key} must be a finite number", key)
+    raise FieldRejected("bad_event", f"{key} must be a finite number", key)
 
 
 def _item_id(obj: dict) -> str:
     value = obj.get("item_id")
     if not isinstance(value, str) or not value:
-        raise _Reject("missing_item_id", "item_id (a non-empty string) is required", "item_id")
+        raise FieldRejected("missing_item_id", "item_id (a non-empty string) is required", "item_id")
     return value
 
 
@@ -339,7 +324,7 @@ def _session_update(obj: dict, base: dict) -> ClientEvent:
     if "session" in obj:
         session = obj["session"]
         if not isinstance(session, dict):
-            raise _Reject("bad_event", "session must be an object", "session")
+            raise FieldRejected("bad_event", "session must be an object", "session")
     else:
         session = {k: v for k, v in obj.items() if k not in _ENVELOPE}
     return SessionUpdate(**base, session=dict(session))
@@ -348,7 +333,7 @@ def _session_update(obj: dict, base: dict) -> ClientEvent:
 def _event_ack(obj: dict, base: dict) -> ClientEvent:
     seq = obj.get("server_event_seq")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-        raise _Reject("invalid_event_ack", "server_event_seq must be an integer >= 0", "server_event_seq")
+        raise FieldRejected("invalid_event_ack", "server_event_seq must be an integer >= 0", "server_event_seq")
     return SessionEventAck(**base, server_event_seq=seq)
 
 
@@ -361,12 +346,13 @@ def _resume(obj: dict, base: dict) -> ClientEvent:
     code = "invalid_session_resume"
     for key in ("session_id", "resume_token"):
         if not isinstance(obj.get(key), str) or not obj[key]:
-            raise _Reject(code, f"{key} (a non-empty string) is required", key)
+            raise FieldRejected(code, f"{key} (a non-empty string) is required", key)
     cursor = obj.get("last_received_server_event_seq", 0)
     if cursor is None:
         cursor = 0
     if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
-        raise _Reject(code, "last_received_server_event_seq must be an integer >= 0", "last_received_server_event_seq")
+        raise FieldRejected(code, "last_received_server_event_seq must be an integer >= 0",
+                            "last_received_server_event_seq")
     return SessionResume(
         **base,
         session_id=obj["session_id"],
@@ -385,13 +371,13 @@ def _append(obj: dict, base: dict) -> ClientEvent:
     audio_b64 = obj.get("audio")
     frames = obj.get("video_frames")
     if audio_b64 is None and frames is None:
-        raise _Reject("bad_event", "input_audio_buffer.append needs audio and/or video_frames", "audio")
+        raise FieldRejected("bad_event", "input_audio_buffer.append needs audio and/or video_frames", "audio")
     if audio_b64 is not None and not isinstance(audio_b64, str):
-        raise _Reject("bad_event", "audio must be a base64 string", "audio")
+        raise FieldRejected("bad_event", "audio must be a base64 string", "audio")
     video: tuple[str, ...] | None = None
     if frames is not None:
         if not isinstance(frames, list) or not all(isinstance(f, str) for f in frames):
-            raise _Reject("invalid_video_frames", "video_frames must be a list of strings", "video_frames")
+            raise FieldRejected("invalid_video_frames", "video_frames must be a list of strings", "video_frames")
         video = tuple(frames)
     fmt_key = "format" if obj.get("format") is not None else "input_audio_format"
     fmt, fmt_rate = _format(obj.get(fmt_key), fmt_key)
@@ -408,7 +394,7 @@ def _append(obj: dict, base: dict) -> ClientEvent:
         try:
             audio = base64.b64decode(audio_b64.encode("ascii"), validate=True)
         except (binascii.Error, ValueError, UnicodeEncodeError):
-            raise _Reject("bad_audio", "audio is not valid base64", "audio") from None
+            raise FieldRejected("bad_audio", "audio is not valid base64", "audio") from None
     hints = {k: v for k, v in obj.items() if k not in _APPEND_KNOWN}
     return InputAudioBufferAppend(
         **base, audio=audio, video_frames=video, format=fmt, sample_rate_hz=rate, is_speech=is_speech, hints=hints
@@ -429,20 +415,21 @@ def _commit(obj: dict, base: dict) -> ClientEvent:
 def _text_append(obj: dict, base: dict) -> ClientEvent:
     text = obj.get("text")
     if not isinstance(text, str):
-        raise _Reject("bad_event", "text must be a string", "text")
+        raise FieldRejected("bad_event", "text must be a string", "text")
     return InputTextAppend(**base, text=text)
 
 
 def _item_create(obj: dict, base: dict) -> ClientEvent:
     item = obj.get("item")
     if not isinstance(item, dict):
-        raise _Reject("bad_event", "item must be an object", "item")
+        raise FieldRejected("bad_event", "item must be an object", "item")
     previous = _opt_str(obj, "previous_item_id")
     if item.get("type") == "function_call_output":
         if not isinstance(item.get("call_id"), str) or not item["call_id"]:
-            raise _Reject("invalid_function_call_output", "item.call_id must be a non-empty string", "item.call_id")
+            raise FieldRejected("invalid_function_call_output", "item.call_id must be a non-empty string",
+                                "item.call_id")
         if not isinstance(item.get("output"), str):
-            raise _Reject("invalid_function_call_output", "item.output must be a string", "item.output")
+            raise FieldRejected("invalid_function_call_output", "item.output must be a string", "item.output")
     content = item.get("content")
     if isinstance(content, list):
         for i, part in enumerate(content):
@@ -464,15 +451,15 @@ def _delete(obj: dict, base: dict) -> ClientEvent:
 def _truncate(obj: dict, base: dict) -> ClientEvent:
     item_id = _item_id(obj)
     end = obj.get("audio_end_ms")
-    if not _is_num(end):
-        raise _Reject("bad_event", "audio_end_ms must be a finite number", "audio_end_ms")
+    if not is_number(end):
+        raise FieldRejected("bad_event", "audio_end_ms must be a finite number", "audio_end_ms")
     if end < 0:
-        raise _Reject("bad_event", "audio_end_ms must be >= 0", "audio_end_ms")
+        raise FieldRejected("bad_event", "audio_end_ms must be >= 0", "audio_end_ms")
     index = obj.get("content_index", 0)
     if index is None:
         index = 0
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise _Reject("bad_event", "content_index must be an integer >= 0", "content_index")
+        raise FieldRejected("bad_event", "content_index must be an integer >= 0", "content_index")
     return ConversationItemTruncate(**base, item_id=item_id, audio_end_ms=end, content_index=index)
 
 
@@ -487,7 +474,7 @@ def _response_create(obj: dict, base: dict) -> ClientEvent:
     if response is not None:
         for key in response:
             if response[key] is not None and (key in _UNSUPPORTED_RESPONSE_KEYS or _MAX_TOKENS.match(key)):
-                raise _Reject(
+                raise FieldRejected(
                     "unsupported_native_response_options",
                     f"response.{key} is not supported by this model",
                     f"response.{key}",
@@ -515,15 +502,15 @@ def _output_clear(obj: dict, base: dict) -> ClientEvent:
 def _turn_signal(obj: dict, base: dict) -> ClientEvent:
     event = obj.get("event")
     if not isinstance(event, str) or not event.strip():
-        raise _Reject("bad_event", "event must be a non-empty string", "event")
+        raise FieldRejected("bad_event", "event must be a non-empty string", "event")
     payload = _opt_obj(obj, "payload")
     return TurnSignal(**base, event=event, payload=None if payload is None else dict(payload))
 
 
 def _playback_ack(obj: dict, base: dict) -> ClientEvent:
     played = obj.get("played_ms")
-    if not _is_num(played):
-        raise _Reject("bad_event", "played_ms must be a finite number", "played_ms")
+    if not is_number(played):
+        raise FieldRejected("bad_event", "played_ms must be a finite number", "played_ms")
     return PlaybackAck(
         **base,
         played_ms=played,
@@ -598,6 +585,18 @@ def _parse(text: str | bytes) -> ClientEvent | ParseError:
         obj = json.loads(text, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return ParseError("invalid_json", "event is not valid JSON")
+    return _parse_object(obj)
+
+
+def parse_object(obj: Any) -> ClientEvent | ParseError:
+    """An already decoded client event (e.g. one carried in a ``turn.signal`` payload); never raises."""
+    try:
+        return _parse_object(obj)
+    except Exception as exc:  # defensive, as parse()
+        return ParseError("bad_event", f"malformed event: {type(exc).__name__}")
+
+
+def _parse_object(obj: Any) -> ClientEvent | ParseError:
     if not isinstance(obj, dict):
         return ParseError("bad_event", "event must be a JSON object")
     event_id = obj.get("event_id")
@@ -611,5 +610,5 @@ def _parse(text: str | bytes) -> ClientEvent | ParseError:
         return ParseError("unknown_event", f"unknown event type {kind!r}", event_id, "type")
     try:
         return _BUILDERS[cls](obj, {"type": kind, "event_id": event_id})
-    except _Reject as rej:
+    except FieldRejected as rej:
         return ParseError(rej.code, rej.message, event_id, rej.param)

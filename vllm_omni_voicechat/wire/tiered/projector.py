@@ -5,8 +5,9 @@ finish and answer the call), and the post-tool speech opens wire response B. Wir
 ``item_<response>``) are the projector's own. Cancels run synchronously here: the cancelled terminal goes out at
 once, the native response is fenced, and the epoch advances; the core's cancel tail is never shown.
 
-Events come out as dicts without ``event_id``/``server_event_seq``; the session stamps and journals them. Tier 3
-events are produced only when ``tier3`` is set (the full lane).
+Every wire dict of a response, an item or a playback acknowledgement is rendered here (session-level events are
+``session_events.py``'s builders). Events come out as dicts without ``event_id``/``server_event_seq``; the session
+stamps and journals them. Tier 3 events are produced only when ``tier3`` is set (the full lane).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from .audio import OutputEncoder
 from .epoch import EpochFence
 from .items import ItemStore
 from .ledger import PlaybackLedger
-from .parser import error_class
+from .parser import PlaybackAck, error_class
+from .session_events import error_event, turn_event
 
 WireEvent = dict[str, Any]
 
@@ -31,16 +33,13 @@ _GA_CANCEL_REASON = {"client_cancelled": "client_cancelled"}
 _MS_PER_POSITION = 80
 
 
-def error_event(code: str, message: str, *, event_id: Any = None, param: str | None = None,
-                retryable: bool | None = None) -> WireEvent:
-    body: dict[str, Any] = {"type": error_class(code), "code": code, "message": message}
-    if event_id is not None:
-        body["event_id"] = event_id
-    if param is not None:
-        body["param"] = param
-    if retryable is not None:
-        body["retryable"] = retryable
-    return {"type": "error", "error": body}
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A client request the projected state cannot serve: the error to answer with."""
+
+    code: str
+    message: str
+    param: str | None = None
 
 
 @dataclass(slots=True)
@@ -106,6 +105,26 @@ class TieredProjector:
     def epoch(self) -> int:
         return self.fence.epoch
 
+    def configure(self, *, output_format: str, output_rate: int, modalities: tuple[str, ...], commit_policy: str,
+                  overlap_policy: str) -> None:
+        """The session's settings changed (responses already open keep theirs)."""
+        self.output_format, self.output_rate = output_format, output_rate
+        self.modalities, self.commit_policy = modalities, commit_policy
+        self.overlap_policy = overlap_policy
+
+    def heard(self, input_ms: int) -> None:
+        """The model has heard ``input_ms`` of microphone audio (speech events are stamped with it)."""
+        self.input_ms = input_ms
+
+    def session_state(self) -> dict:
+        """The live part of the ``session`` object (§1.3)."""
+        active = self.active
+        return {"state": "open", "turn_state": self.turn_state, "epoch": self.epoch, "turn_id": 0,
+                "active_request_id": None, "active_response_id": active.id if active else None,
+                "active_response_turn_id": None,
+                "playback": (self.last.ledger.snapshot() if self.last else
+                             {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0})}
+
     # ================================================================ native events
 
     def project(self, e: ev.NativeEvent) -> list[WireEvent]:  # noqa: C901 - one branch per event type
@@ -145,8 +164,8 @@ class TieredProjector:
                 self._waiting_calls.clear()
                 if not self.tier3:
                     return []
-                return [{"type": "turn.event", "session_id": self.session_id, "event": "function_call_output.applied",
-                         "call_id": e.call_id, "turn_state": self.turn_state, "epoch": self.epoch}]
+                return [turn_event(self.session_id, "function_call_output.applied", self.turn_state, self.epoch,
+                                   call_id=e.call_id)]
             case ev.FunctionCallFailed():
                 self._waiting_calls.discard(e.response_id)
                 return [error_event("function_call_output_timeout",
@@ -177,7 +196,8 @@ class TieredProjector:
         item = {"id": item_id, "type": "message", "object": "realtime.item", "role": "user", "status": "completed",
                 "content": [{"type": "input_audio", "transcript": e.transcript}]}
         previous = self.items.add(item)
-        committed: WireEvent = {"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id}
+        committed: WireEvent = {"type": "input_audio_buffer.committed", "previous_item_id": previous,
+                                "item_id": item_id}
         if self.tier3:
             committed["event"] = {"type": "input.committed", "session_id": self.session_id, "turn_id": e.turn_id,
                                   "epoch": self.epoch, "history_len": len(self.items), "message": e.transcript,
@@ -242,12 +262,15 @@ class TieredProjector:
             return self._open(native_id)  # post-tool speech: wire response B
         return None
 
-    def _text(self, e: ev.TextDelta) -> list[WireEvent]:
-        opened = self._wire_for(e.response_id)
-        out: list[WireEvent] = []
+    def _delivering(self, native_id: str) -> tuple[list[WireEvent], WireResponse | None]:
+        """The wire response a delta goes to, with the events that opened it (response B)."""
+        opened = self._wire_for(native_id)
         if isinstance(opened, list):
-            out, opened = opened, self.active
-        r = opened
+            return opened, self.active
+        return [], opened
+
+    def _text(self, e: ev.TextDelta) -> list[WireEvent]:
+        out, r = self._delivering(e.response_id)
         if r is None:
             return out
         if r.audio:
@@ -259,11 +282,7 @@ class TieredProjector:
         return out
 
     def _audio(self, e: ev.AudioDelta) -> list[WireEvent]:
-        opened = self._wire_for(e.response_id)
-        out: list[WireEvent] = []
-        if isinstance(opened, list):
-            out, opened = opened, self.active
-        r = opened
+        out, r = self._delivering(e.response_id)
         if r is None or r.encoder is None:
             return out
         r.ledger.generated(len(e.pcm) * 1000 // (2 * OUTPUT_SAMPLE_RATE))
@@ -414,13 +433,17 @@ class TieredProjector:
 
     # ================================================================ wire-initiated decisions
 
-    def cancel(self, reason: str, *, clear: bool = False) -> tuple[list[WireEvent], str | None]:
+    def cancel(self, reason: str, *, clear: bool = False,
+               always_advance: bool = False) -> tuple[list[WireEvent], str | None]:
         """End the open wire response as cancelled now and fence its native response.
 
-        Returns the events and the native response id the core must cancel (None when nothing was open).
+        Returns the events and the native response id the core must cancel (None when nothing was open; then
+        ``always_advance`` still starts a new epoch).
         """
         r = self.active
         if r is None:
+            if always_advance:
+                self.fence.advance()
             return [], None
         out: list[WireEvent] = []
         if clear:
@@ -464,3 +487,92 @@ class TieredProjector:
         if item_id.startswith("item_resp_"):
             return self.responses.get(item_id[len("item_"):])
         return None
+
+    # ================================================================ client requests on the projected state
+
+    def item(self, item_id: str) -> dict | None:
+        """A copy of a history item (``conversation.item.retrieve``)."""
+        return self.items.get(item_id)
+
+    def delete_item(self, item_id: str) -> bool:
+        """Drop an item from the client's view of the history (the model keeps its own context)."""
+        return self.items.delete(item_id)
+
+    def add_client_item(self, item_id: str, role: Any, content: list) -> list[WireEvent]:
+        """A client ``message`` item joins the history (the model heard nothing of it)."""
+        stored = {"id": item_id, "type": "message", "object": "realtime.item", "role": role, "status": "completed",
+                  "content": content}
+        previous = self.items.add(stored)
+        return [*self.item_added(stored, previous),
+                {"type": "conversation.item.done", "previous_item_id": previous, "item": stored}]
+
+    def add_function_output(self, item_id: str, call_id: str, output: str) -> list[WireEvent]:
+        """A function result joins the history; the ``response.create`` openai-agents sends next is answered by
+        the post-tool response B."""
+        stored = {"id": item_id, "type": "function_call_output", "object": "realtime.item", "call_id": call_id,
+                  "output": output, "status": "completed"}
+        previous = self.items.add(stored)
+        self.pending_create = True
+        return [*self.item_added(stored, previous),
+                {"type": "conversation.item.done", "previous_item_id": previous, "item": stored}]
+
+    def truncate(self, item_id: str, content_index: int, audio_end_ms: float) -> list[WireEvent] | Refused:
+        if item_id not in self.items:
+            return Refused("item_not_found", f"no item {item_id!r}", "item_id")
+        r = self.response_for_item(item_id)
+        if r is None:
+            return Refused("bad_event", "only assistant audio items can be truncated", "item_id")
+        end = r.ledger.truncate(audio_end_ms)
+        self.refresh_history(r)
+        event: WireEvent = {"type": "conversation.item.truncated", "item_id": item_id, "content_index": content_index,
+                            "audio_end_ms": end}
+        if self.tier3:
+            event["event"] = {"type": "conversation.item.truncate", "item_id": item_id,
+                              "requested_audio_end_ms": audio_end_ms, "audio_end_ms": end}
+        return [event]
+
+    def clear_output(self) -> list[WireEvent]:
+        """``output_audio_buffer.clear`` with no response open: what the last one did not play is dropped (a new
+        epoch when there was any)."""
+        last = self.last
+        if last is None and not self.tier3:
+            return []  # nothing was ever played; GA's cleared event needs a response id
+        out: WireEvent = {"type": "output_audio_buffer.cleared", "response_id": last.id if last else None}
+        if last is not None and last.ledger.unplayed:
+            last.ledger.truncate(last.ledger.committed_ms)
+            self.refresh_history(last)
+            self.fence.advance()
+        return [out]
+
+    def playback_ack(self, e: PlaybackAck) -> list[WireEvent] | Refused:
+        """What the client has played (§5): the target response's ledger, and its history cut, move on."""
+        if e.item_id is not None and e.response_id is not None and e.item_id != f"item_{e.response_id}":
+            return Refused("playback_item_mismatch", "item_id does not belong to response_id", "item_id")
+        rid = e.response_id
+        if rid is None and e.item_id is not None:
+            r0 = self.response_for_item(e.item_id)
+            rid = r0.id if r0 else None
+            if rid is None:
+                return Refused("playback_item_not_found", f"no response item {e.item_id!r}", "item_id")
+        if rid is None:
+            pending = [r for r in self.responses.values() if r.ledger.unplayed]
+            target = pending[0] if len(pending) == 1 else (self.active or self.last)
+        else:
+            target = self.responses.get(rid)
+        if target is None:
+            return Refused("playback_item_not_found", f"no response {rid!r}", "response_id")
+        stale = target.status == "cancelled" or target.superseded or (target.done and target.epoch != self.epoch)
+        before = self.history_text(target)
+        if not stale:
+            target.ledger.ack(e.played_ms, e.committed_ms, truncate=bool(e.truncate))
+            self.refresh_history(target)
+        if not self.tier3:
+            return []
+        event = {"type": "playback.acknowledged", "session_id": self.session_id, "epoch": self.epoch,
+                 "response_id": target.id, "item_id": target.item_id, "played_ms": target.ledger.played_ms,
+                 "committed_ms": target.ledger.committed_ms, "truncate": bool(e.truncate),
+                 "playback": target.ledger.snapshot(),
+                 "history_committed": not stale and (target.done or self.history_text(target) != before)}
+        if stale:
+            event["stale"] = True
+        return [{"type": "playback.acknowledged", "event": event}]

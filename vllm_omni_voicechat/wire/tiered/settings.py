@@ -14,7 +14,6 @@ Spelling precedence, first present wins: the beta flat key, then the GA nested k
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -29,11 +28,10 @@ from .audio import (
     PCM16,
     PCM_F32LE,
     AudioFormatError,
-    check_sample_rate,
     input_sample_rate,
     output_sample_rate,
-    resolve_format,
 )
+from .fields import FieldRejected, format_and_rate, is_int, is_number
 
 __all__ = [
     "CHUNK_MS",
@@ -112,6 +110,19 @@ class SessionSettings:
         return SessionPrompt(self.instructions, self.tools)
 
     @property
+    def client_turns(self) -> bool:
+        """The OpenAI lane with ``turn_detection: null``: the client owns turns the OpenAI way. A commit seals the
+        user item and settles the turn without answering; ``response.create`` answers it (docs/tiered-dialect.md
+        §3.4, "Manual turns"). The full lane keeps null as the model-owned turn policy (DuplexClient sends it)."""
+        return self.lane == "openai" and self.turn_detection is None
+
+    @property
+    def model_eou(self) -> bool:
+        """Whether the model's own end of turn (and a commit) makes it answer by itself: not with
+        ``auto_response: false`` nor with client-owned turns."""
+        return self.auto_response and not self.client_turns
+
+    @property
     def eou_blank_frames(self) -> int | None:
         """server_vad ``silence_duration_ms`` as an EOU blank fence in positions (§8.3 tuning map), else None."""
         td = self.turn_detection
@@ -139,20 +150,14 @@ def default_settings(lane: Lane, *, model: str | None = None, instructions: str 
         input_rate=DEFAULT_INPUT_RATES[lane],
         output_format=PCM16,
         output_rate=DEFAULT_OUTPUT_RATE,
-        turn_detection=None,
+        # OpenAI lane: model-owned turns unless the client sends turn_detection null (OpenAI's default is a VAD,
+        # and this model's own EOU is semantic); the full lane's null is model-owned already
+        turn_detection={"type": "semantic_vad"} if lane == "openai" else None,
         overlap_policy="listen_only",
     )
 
 
 # ------------------------------------------------------------------------------------------------- reading
-
-
-class _Fail(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
 
 
 _ABSENT: Any = object()
@@ -177,21 +182,8 @@ def _first(update: Mapping[str, Any], *paths: str, keep_null: bool = False) -> t
     return _ABSENT, paths[0]
 
 
-def _is_number(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int beyond float range
-        return False
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _invalid(message: str, param: str) -> _Fail:
-    return _Fail("invalid_session_config", message, param)
+def _invalid(message: str, param: str) -> FieldRejected:
+    return FieldRejected("invalid_session_config", message, param)
 
 
 def _check_objects(update: Mapping[str, Any]) -> None:
@@ -213,17 +205,14 @@ def _modalities(update: Mapping[str, Any], current: tuple[str, ...]) -> tuple[st
 def _format(value: Any, param: str, *, output: bool) -> tuple[str | None, int | None]:
     """(canonical format, rate carried by a GA object); a GA object without ``type`` only carries a rate."""
     try:
-        if isinstance(value, Mapping) and value.get("type") is None:
-            rate = value.get("rate")
-            return None, None if rate is None else check_sample_rate(rate, f"{param}.rate")
-        return resolve_format(value, output=output, param=param)
+        return format_and_rate(value, param, output=output)
     except AudioFormatError as exc:
         if exc.code == "unsupported_audio_format":
-            raise _Fail("unsupported_audio_format", str(exc), param) from None
+            raise FieldRejected("unsupported_audio_format", str(exc), param) from None
         raise _invalid(str(exc), exc.param or param) from None
 
 
-def _rate_error(exc: AudioFormatError) -> _Fail:
+def _rate_error(exc: AudioFormatError) -> FieldRejected:
     param = exc.param or "sample_rate_hz"
     return _invalid(str(exc), param.removeprefix("session."))
 
@@ -262,11 +251,11 @@ def _output_audio(update: Mapping[str, Any], current: SessionSettings) -> tuple[
         raise _rate_error(exc) from None
 
 
-def _bad_td(message: str) -> _Fail:
-    return _Fail("unsupported_turn_detection", message, "turn_detection")
+def _bad_td(message: str) -> FieldRejected:
+    return FieldRejected("unsupported_turn_detection", message, "turn_detection")
 
 
-def _turn_detection(value: Any) -> dict | None:
+def _turn_detection(value: Any, lane: Lane) -> dict | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -282,11 +271,11 @@ def _turn_detection(value: Any) -> dict | None:
     if extra:
         raise _bad_td(f"unsupported {kind} fields: {', '.join(extra)}")
     for key, ok, rule in (
-        ("threshold", lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
-        ("prefix_padding_ms", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-        ("silence_duration_ms", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-        ("min_speech_duration_ms", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-        ("idle_timeout_ms", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+        ("threshold", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+        ("prefix_padding_ms", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+        ("silence_duration_ms", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+        ("min_speech_duration_ms", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+        ("idle_timeout_ms", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
         ("create_response", lambda v: isinstance(v, bool), "a boolean"),
         # server_vad always barges in (overlap_policy), so interrupt_response:false cannot be honoured
         ("interrupt_response", lambda v: v is True or kind == "semantic_vad" and isinstance(v, bool),
@@ -296,6 +285,13 @@ def _turn_detection(value: Any) -> dict | None:
         v = value.get(key)
         if v is not None and not ok(v):
             raise _bad_td(f"turn_detection.{key} must be {rule}, got {v!r}")
+    if lane == "openai" and value.get("create_response") is False:
+        # The model answers its own end of turn; a VAD turn that waits for response.create is not servable.
+        # turn_detection null gives the client the turns instead (commit, then response.create).
+        raise FieldRejected("unsupported_turn_detection",
+                            f"{kind} with create_response false is not supported: this model answers its own end "
+                            "of turn; use turn_detection null for client-owned turns",
+                            "turn_detection.create_response")
     return dict(value)
 
 
@@ -333,10 +329,10 @@ def _tools_wire(tools: tuple[ToolSpec, ...]) -> tuple[dict, ...]:
 def _echo(update: Mapping[str, Any], current: dict) -> dict:
     echo = dict(current)
     for name, paths, ok, rule in (
-        ("temperature", ("temperature",), _is_number, "a number"),
+        ("temperature", ("temperature",), is_number, "a number"),
         ("max_tokens", ("max_response_output_tokens", "max_output_tokens", "max_tokens"),
-         lambda v: v == "inf" or _is_int(v) and v >= 1, "an integer >= 1 or 'inf'"),
-        ("speed", ("speed", "audio.output.speed"), _is_number, "a number"),
+         lambda v: v == "inf" or is_int(v) and v >= 1, "an integer >= 1 or 'inf'"),
+        ("speed", ("speed", "audio.output.speed"), is_number, "a number"),
         ("transcription", ("input_audio_transcription", "audio.input.transcription"),
          lambda v: isinstance(v, Mapping), "an object"),
         ("noise_reduction", ("input_audio_noise_reduction", "audio.input.noise_reduction"),
@@ -368,7 +364,7 @@ def _retention_ratio(value: Any) -> bool:
     return (
         isinstance(value, Mapping)
         and value.get("type") == "retention_ratio"
-        and _is_number(value.get("retention_ratio"))
+        and is_number(value.get("retention_ratio"))
         and (value.get("token_limits") is None or isinstance(value.get("token_limits"), Mapping))
     )
 
@@ -377,7 +373,7 @@ def _non_negative(update: Mapping[str, Any], key: str, current: Any, *, integer:
     value = update.get(key)
     if value is None:
         return current
-    if not (_is_int(value) if integer else _is_number(value)) or value < 0:
+    if not (is_int(value) if integer else is_number(value)) or value < 0:
         raise _invalid(f"{key} must be {'an integer' if integer else 'a number'} >= 0", key)
     return value if integer else float(value)
 
@@ -400,7 +396,8 @@ def _apply(
             # Stock SDKs send their own default model name (openai-agents: gpt-realtime-*); this server has one.
             model = current.model
         else:
-            raise _Fail("model_update_unsupported", f"the session model is {current.model!r}; it cannot change", "model")
+            raise FieldRejected("model_update_unsupported", f"the session model is {current.model!r}; it cannot change",
+                                "model")
 
     instructions = current.instructions
     if "instructions" in update:
@@ -410,14 +407,14 @@ def _apply(
         elif not isinstance(instructions, str):
             raise _invalid("instructions must be a string", "instructions")
         if prompt_locked and instructions != current.instructions:
-            raise _Fail(
+            raise FieldRejected(
                 "instructions_update_unsupported", "instructions cannot change once the model has started",
                 "instructions",
             )
 
     tools = _tools(update, current.tools)
     if prompt_locked and tools != current.tools:
-        raise _Fail("tools_update_unsupported", "tools cannot change once the model has started", "tools")
+        raise FieldRejected("tools_update_unsupported", "tools cannot change once the model has started", "tools")
 
     tool_choice = update.get("tool_choice")
     if tool_choice is not None and tool_choice != "auto":
@@ -429,7 +426,7 @@ def _apply(
     elif not isinstance(voice, str):
         raise _invalid(f"{param} must be a string", param)
     elif audio_started and voice != current.voice:
-        raise _Fail(
+        raise FieldRejected(
             "voice_update_after_audio_unsupported", "the voice cannot change after the first audio", param
         )
 
@@ -439,7 +436,7 @@ def _apply(
 
     td_value, _ = _first(update, "turn_detection", "audio.input.turn_detection", keep_null=True)
     td_given = td_value is not _ABSENT
-    td = _turn_detection(td_value) if td_given else current.turn_detection
+    td = _turn_detection(td_value, current.lane) if td_given else current.turn_detection
     overlap_policy = _overlap_policy(update, td, td_given, current.overlap_policy)
 
     policy = update.get("playback_commit_policy")
@@ -453,7 +450,7 @@ def _apply(
     idle = update.get("idle_timeout_s")
     if idle is None:
         idle = current.idle_timeout_s
-    elif not _is_number(idle) or idle <= 0:
+    elif not is_number(idle) or idle <= 0:
         raise _invalid("idle_timeout_s must be a number > 0", "idle_timeout_s")
 
     extra_body = dict(current.extra_body)
@@ -513,7 +510,7 @@ def apply_update(
         return SettingsError("invalid_session_config", "session must be an object", "session")
     try:
         return _apply(current, update, prompt_locked, audio_started)
-    except _Fail as fail:
+    except FieldRejected as fail:
         return SettingsError(fail.code, fail.message, fail.param)
 
 

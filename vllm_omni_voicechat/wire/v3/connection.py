@@ -1,13 +1,14 @@
 """One v3 connection as a sans-I/O protocol object: parse client frames, apply the v3 configuration rules,
 drive the session core, and project its outputs onto v3 wire events (plus effects and the close code).
 
-It offers the same driving interface as :class:`~vllm_omni_voicechat.session.core.SessionCore` (``receive``,
-``poll``, ``complete``, ...), so the same asyncio shell hosts either.
+It offers the driving interface of ``shell/driving.py`` (``receive``, ``poll``, ``complete``, ...), so the same
+hosts drive it; its events come out as :class:`~vllm_omni_voicechat.wire.transport.Outbound` JSON texts.
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,13 +26,21 @@ from ...session.commands import (
 )
 from ...session.core import SessionCore, Tick
 from ...session.tools import InvalidTools, normalize_tools
-from ..transport import CloseTransport
+from ..transport import CloseTransport, Outbound, close_reason, compact_json
 from .audio import AudioRejected, decode_append
 from .project import V3Projector, WireEvent
-from .schema import CLOSE_NORMAL, MODEL_OUTPUT_MODE, PROTOCOL, capabilities, close_code_for, created_session
+from .schema import (
+    CLOSE_NORMAL,
+    MODEL_OUTPUT_MODE,
+    PROTOCOL,
+    RECEIVE_QUEUE_MESSAGES,
+    capabilities,
+    close_code_for,
+    created_session,
+)
 
 _MISSING = object()
-V3Output = WireEvent | ev.Effect | CloseTransport
+V3Output = Outbound | ev.Effect | CloseTransport
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +51,17 @@ class V3Options:
     """Provenance advertised in ``session.created``."""
     single_client: bool = False
     legacy_turns: bool = False
+    """The contract's diagnostic RNNT-owned mode (the core must run ``turn_policy="model"``): the model's own
+    end-of-utterance opens responses; ``turn_start`` and ``commit`` get the recoverable ``unsupported_event``."""
+    max_inbox_messages: int = RECEIVE_QUEUE_MESSAGES
+    """The host's inbox bound, echoed by the ``input_backpressure`` error that answers a refused frame."""
+
+
+@dataclass(frozen=True, slots=True)
+class _HeldRefusal:
+    """A frame the host's inbox refused while earlier frames were held: answered in its place in the order."""
+
+    event_id: Any
 
 
 def _is_int(value: Any) -> bool:
@@ -52,6 +72,8 @@ class V3Session:
     def __init__(self, core: SessionCore, options: V3Options | None = None) -> None:
         self.core = core
         self.options = options = options or V3Options()
+        if options.legacy_turns != core.model_turns:
+            raise ValueError("legacy v3 turns need a core with turn_policy='model' (and only they do)")
         self.session_id = core.session_id
         self.capabilities = capabilities(
             typed_input=core.config.typed_input_ready,
@@ -65,8 +87,17 @@ class V3Session:
         self._configured_once = False
         self._model_output_mode: str | None = None
         self._close_code: int | None = None
+        self._close_reason = ""
         self._close_sent = False
+        # The receive pump's order (contract §1): a frame is handled only after the effects of the frames before
+        # it. While a barrier is unfinished (the prefill of a session.update, a turn_start or commit whose ack has
+        # not been published) later frames wait here, in arrival order; the host counts them against its inbox.
+        self._held: deque[str | bytes | _HeldRefusal] = deque()
+        self._awaiting_ack: str | None = None
         self._wire_bytes = 0
+
+    resumable = False
+    """A v3 session ends with its socket."""
 
     # ================================================================ driving interface
 
@@ -77,21 +108,54 @@ class V3Session:
     def start(self, now: float) -> list[V3Output]:
         """The greeting: ``session.created`` is the first event of every admitted connection."""
         return [
-            self.projector.envelope(
+            _text(self.projector.envelope(
                 "session.created",
                 protocol=dict(PROTOCOL),
                 capabilities=self.capabilities,
                 session=created_session(self.session_id, self.options.checkpoint),
-            )
+            ))
         ]
 
     def poisoned(self, failure: str, now: float) -> list[V3Output]:
         """The previous session's model cleanup failed: this session fails before it starts."""
         return self._project(self.core.abort_session("model_cleanup_failed", failure, now))
 
+    @property
+    def held_messages(self) -> int:
+        """Client frames received but waiting behind an unfinished barrier (part of the receive pump)."""
+        return len(self._held)
+
+    @property
+    def at_barrier(self) -> bool:
+        """A barrier's effects are unfinished: the prefill runs, or a turn barrier waits for its ack or runs."""
+        core = self.core
+        # A turn barrier's effects run until its procedure ends (a commit's: settlement, the ack, the EOU position).
+        # A published function cycle defers turn barriers (their acks come on replay): it holds nothing here.
+        return core.configuring or (
+            (self._awaiting_ack is not None or core.barrier_running) and core.functions.cycle is None
+        )
+
     def receive(self, message: str | bytes, now: float) -> list[V3Output]:
         if self.core.closed:
             return []
+        if self._held or self.at_barrier:
+            self._held.append(message)
+            return []
+        return self._receive(message, now)
+
+    def _release(self, wire: list[V3Output], now: float) -> list[V3Output]:
+        """Hand the held frames on, in order, while no barrier is unfinished."""
+        while self._held and not self.at_barrier and not self.core.closed:
+            item = self._held.popleft()
+            if isinstance(item, _HeldRefusal):
+                wire.extend(self._refusal(item.event_id))
+            else:
+                wire.extend(self._receive(item, now))
+        if self.core.closed:
+            self._held.clear()
+        return wire
+
+    def _receive(self, message: str | bytes, now: float) -> list[V3Output]:
         self._wire_bytes = len(message) if isinstance(message, bytes) or message.isascii() else len(message.encode())
         if isinstance(message, (bytes, bytearray)):
             return [self._error("binary_audio_unsupported", "binary frames are not supported; send JSON text")]
@@ -109,28 +173,54 @@ class V3Session:
 
     def poll(self, now: float) -> Tick:
         tick = self.core.poll(now)
-        return Tick(self._project(tick.outputs), tick.position, tick.wake_at)
+        outputs = self._project(tick.outputs)
+        if self._held and not self.at_barrier:
+            outputs = self._release(outputs, now)
+            if tick.position is None:
+                return Tick(outputs, None, now)  # released frames may have queued work: poll again at once
+        return Tick(outputs, tick.position, tick.wake_at)
 
     def complete(self, position: Position, result: StepResult, now: float) -> list[V3Output]:
-        return self._project(self.core.complete(position, result, now))
+        return self._release(self._project(self.core.complete(position, result, now)), now)
 
     def fail(self, position: Position, error: BaseException, now: float) -> list[V3Output]:
-        return self._project(self.core.fail(position, error, now))
+        return self._release(self._project(self.core.fail(position, error, now)), now)
 
     def prefilled(self, now: float) -> list[V3Output]:
-        return self._project(self.core.prefilled(now))
+        return self._release(self._project(self.core.prefilled(now)), now)
 
     def prefill_failed(self, error: BaseException, now: float) -> list[V3Output]:
-        return self._project(self.core.prefill_failed(error, now))
+        return self._release(self._project(self.core.prefill_failed(error, now)), now)
 
     def synthesis_done(self, job_id: str, pcm16: bytes, now: float) -> list[V3Output]:
-        return self._project(self.core.synthesis_done(job_id, pcm16, now))
+        return self._release(self._project(self.core.synthesis_done(job_id, pcm16, now)), now)
 
     def synthesis_failed(self, job_id: str, error: BaseException, now: float) -> list[V3Output]:
-        return self._project(self.core.synthesis_failed(job_id, error, now))
+        return self._release(self._project(self.core.synthesis_failed(job_id, error, now)), now)
 
     def disconnect(self, now: float) -> list[V3Output]:
-        return self.core.disconnect(now)  # effects only: nothing is published on a disconnect
+        return self.core.disconnect(now)  # type: ignore[return-value]  # effects only: nothing is published
+
+    def refuse(self, event_id: Any, now: float) -> list[V3Output]:
+        """The host's inbox was full: this frame was not read (answered in its place behind held frames)."""
+        if self.core.closed:
+            return []
+        if self._held or self.at_barrier:
+            self._held.append(_HeldRefusal(event_id))
+            return []
+        return self._refusal(event_id)
+
+    def _refusal(self, event_id: Any) -> list[V3Output]:
+        return [self._error("input_backpressure", "the receive queue is full; event refused", event_id,
+                            limit=self.options.max_inbox_messages)]
+
+    def output_backpressure(self, *, peak_queued_bytes: int, max_outbound_bytes: int,
+                            max_outbound_events: int) -> Outbound:
+        """The fatal error for a client that stopped reading (sent once its queued events were discarded)."""
+        return _text(self.projector.error(
+            "output_backpressure", "the client is not reading server events fast enough", True,
+            peak_queued_bytes=peak_queued_bytes, max_outbound_bytes=max_outbound_bytes,
+            max_outbound_events=max_outbound_events))
 
     # ================================================================ client events
 
@@ -210,6 +300,8 @@ class V3Session:
         return self._project(self.core.receive(AppendAudio(pcm, cid, self._wire_bytes), now))
 
     def _barrier(self, msg: dict, now: float) -> list[V3Output]:
+        if self.options.legacy_turns:  # the model owns turns: there are no client barriers
+            return [self._error("unsupported_event", f"Unsupported event: {msg['type']}", _event_id(msg))]
         event_id = msg.get("event_id")
         if not isinstance(event_id, str) or not event_id:
             return self._violation("invalid_event_id", "turn barriers require a non-empty string event_id", now, None)
@@ -219,9 +311,17 @@ class V3Session:
                 "invalid_client_turn_id", f"client_turn_id must be an integer >= 1, not {turn!r}", now, event_id
             )
         if msg["type"] == "input_audio_buffer.turn_start":
-            return self._project(self.core.receive(StartTurn(turn, event_id, self._wire_bytes), now))
-        # commit diagnostics are trace-only and never fail a turn
-        return self._project(self.core.receive(CommitTurn(turn, event_id, self._wire_bytes), now))
+            command: StartTurn | CommitTurn = StartTurn(turn, event_id, self._wire_bytes)
+        else:  # commit diagnostics are trace-only and never fail a turn
+            command = CommitTurn(turn, event_id, self._wire_bytes)
+        deferred = self.core.functions.holds(command)  # a deferred barrier is acked when it is replayed
+        outputs = self.core.receive(command, now)
+        if not deferred and not self.core.closed and not any(
+            isinstance(o, (ev.Error, ev.TurnStarted, ev.TurnCommitted)) and o.client_event_id == event_id
+            for o in outputs
+        ):
+            self._awaiting_ack = event_id  # queued behind the work before it: later frames wait for its ack
+        return self._project(outputs)
 
     def _typed(self, msg: dict, now: float) -> list[V3Output]:
         return self._project(
@@ -249,8 +349,8 @@ class V3Session:
 
     # ================================================================ outputs
 
-    def _error(self, code: str, message: str, client_event_id: Any = None, **details: Any) -> WireEvent:
-        return self.projector.error(code, message, False, client_event_id, **details)
+    def _error(self, code: str, message: str, client_event_id: Any = None, **details: Any) -> Outbound:
+        return _text(self.projector.error(code, message, False, client_event_id, **details))
 
     def _violation(self, code: str, message: str, now: float, client_event_id: str | None) -> list[V3Output]:
         return self._project(self.core.abort_session(code, message, now, client_event_id=client_event_id))
@@ -260,19 +360,35 @@ class V3Session:
         for o in outputs:
             if isinstance(o, ev.Effect):
                 wire.append(o)
+            elif isinstance(o, ev.ListenDecision):
+                continue  # legacy turns: a candidate turn without words is closed by its speech_stopped/completed
             elif isinstance(o, ev.SessionConfigured):
                 self._configured_once = True
-                wire.append(self.projector.session_updated(o, self._model_output_mode))
+                wire.append(_text(self.projector.session_updated(o, self._model_output_mode)))
             else:
-                wire.append(self.projector.project(o))
+                if isinstance(o, (ev.TurnStarted, ev.TurnCommitted)) and o.client_event_id == self._awaiting_ack:
+                    self._awaiting_ack = None
+                wire.append(Outbound(compact_json(self.projector.project(o))))
                 if isinstance(o, ev.Error) and o.fatal and self._close_code is None:
                     self._close_code = close_code_for(o.code)
+                    self._close_reason = o.code
                 elif isinstance(o, ev.SessionClosed) and self._close_code is None:
                     self._close_code = CLOSE_NORMAL
+                    self._close_reason = o.reason
         if self.core.closed and not self._close_sent and self._close_code is not None:
             self._close_sent = True
-            wire.append(CloseTransport(self._close_code))
+            self._awaiting_ack = None
+            wire.append(CloseTransport(self._close_code, close_reason(self._close_reason)))
         return wire
+
+
+def busy_error(session_id: str) -> Outbound:
+    """The answer of a server whose session slots are all in use (then close 1013)."""
+    return _text(V3Projector(session_id, {}).error("server_busy", "all session slots are in use", True))
+
+
+def _text(event: WireEvent) -> Outbound:
+    return Outbound(compact_json(event))
 
 
 def _event_id(msg: dict) -> Any:

@@ -96,7 +96,7 @@ class V3Projector:
                     turn_id=e.turn_id,
                     source=e.source,
                     job_id=e.job_id,
-                    correlation=e.correlation,
+                    correlation=e.correlation if e.correlation != "" else None,  # legacy: no client turn
                 )
             case ev.TurnStarted():
                 return env(

@@ -12,6 +12,7 @@ PROTOCOL = {"name": PROTOCOL_NAME, "version": PROTOCOL_VERSION}
 MODEL_OUTPUT_MODE = "client_authored_v1"
 
 MAX_APPEND_BYTES = 40_960
+RECEIVE_QUEUE_MESSAGES = 256  # the reference server's receive queue: frames beyond it are refused
 
 CLOSE_NORMAL = 1000
 CLOSE_PROTOCOL = 1002

@@ -70,8 +70,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..model.tokens import split_tokens
-
 __all__ = [
     "ANALYSIS_SECONDS",
     "END_OF_UTTERANCE_SECONDS",
@@ -95,7 +93,6 @@ __all__ = [
     "is_speech_energy",
     "render_speech",
     "render_token_audio",
-    "split_tokens",
 ]
 
 # --- symbol layout -------------------------------------------------------------------------------------

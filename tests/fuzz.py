@@ -12,7 +12,8 @@ cursors and tokens), takeovers and grace expiry. Every server event goes through
 - **unusable**: after recoverable errors only, a valid turn does not get its response.
 
 Everything is driven by one ``random.Random(seed)``: a failure is reproduced by ``(dialect, seed, episode)``.
-This module does no I/O; ``benchmarks/fuzz.py`` and ``tests/test_fuzz_*.py`` drive it.
+A test harness, not part of the package: it does no I/O; ``benchmarks/fuzz.py`` and ``tests/test_fuzz_*.py`` drive
+it.
 """
 
 from __future__ import annotations
@@ -25,19 +26,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..audio.frames import INPUT_FRAME_BYTES
-from ..session.core import SessionConfig, SessionCore
-from ..session.events import AbortModel, CancelSynthesis, Effect, Prefill, StartSynthesis
-from ..shell.clock import VirtualClock
-from ..sim.model import SimBehaviour, SimulatorModel
-from ..sim.speech import render_speech
-from ..synth.simulated import SimulatorSynthesizer
-from ..wire.tiered import parser as tiered_parser
-from ..wire.tiered.connection import Detached, Outbound, TieredOptions, TieredSession
-from ..wire.tiered.journal import compact_json as _server_dumps  # the v3 server's serialisation is the same
-from ..wire.transport import CloseTransport
-from ..wire.v3 import V3Options, V3Session
-from .checker import TraceChecker
+from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.audio.speech import render_speech
+from vllm_omni_voicechat.ids import SeededIds
+from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
+from vllm_omni_voicechat.shell.clock import VirtualClock
+from vllm_omni_voicechat.shell.sync import SyncDriver
+from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
+from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
+from vllm_omni_voicechat.trace.checker import TraceChecker
+from vllm_omni_voicechat.wire.tiered import parser as tiered_parser
+from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
+from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
+from vllm_omni_voicechat.wire.v3 import V3Options, V3Session
 
 WORDS = ["hello", "hi there", "yes", "what time is it", "ok", "tell me about the sea", 'call lookup {"q": "x"}']
 TOOLS_OPENAI = [{"type": "function", "function": {"name": "lookup", "description": "look something up",
@@ -129,7 +130,6 @@ class _Episode:
         self.max_frames = rng.choice([80, 400]) if rng.random() < 0.05 else 3000
         if self.behaviour_name in ("endless_response", "function_never_finishes"):
             self.max_frames = 400  # they end only at the position limit: keep the episode short
-        self.pending: list[Effect] = []  # prefill / synthesis in flight (completed at random later points)
         self.ended: str | None = None
         self.recoverable_errors = 0
         self.turn_ids = 0
@@ -137,87 +137,54 @@ class _Episode:
         self.answered: set[str] = set()
         self.core: SessionCore
         self.session: Any
+        self.host: SyncDriver
 
     # ------------------------------------------------------------------ plumbing
 
-    def call(self, fn, *args) -> list:
+    def host_session(self, session: Any) -> None:
+        """Drive ``session`` with the synchronous host: prefills and syntheses complete at random later points."""
+        self.session = session
+        self.host = SyncDriver(session, self.model, synthesizer=self.synth, clock=self.clock, step_seconds=0.01,
+                               on_event=self.deliver, defer_effects=True, keep=False)
+
+    def call(self, fn, *args, **kwargs) -> Any:
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
+        except _Crash:
+            raise
         except Exception as exc:  # the session code must never raise
             raise _Crash(f"{self.label}: {getattr(fn, '__name__', fn)} raised {type(exc).__name__}: {exc}\n"
                          + "".join(traceback.format_exc(limit=-4))) from exc
 
     def dispatch(self, outputs: list) -> None:
-        for o in outputs:
-            if isinstance(o, (Prefill, StartSynthesis)):
-                self.pending.append(o)
-            elif isinstance(o, AbortModel):
-                self.model.abort()
-            elif isinstance(o, CancelSynthesis):
-                self.pending = [p for p in self.pending if not (isinstance(p, StartSynthesis) and p.job_id == o.job_id)]
-            elif isinstance(o, CloseTransport):
-                self.on_close(o.code)
-            elif isinstance(o, Effect):
-                pass
-            else:
-                self.on_event(o)
+        self.call(self.host.dispatch, outputs)
+
+    def deliver(self, output: Any) -> None:
+        if isinstance(output, CloseTransport):
+            self.on_close(output.code)
+        else:
+            self.on_event(output)
+
+    @property
+    def pending(self) -> list:
+        """Prefills and syntheses in flight."""
+        return self.host.pending
 
     def complete_pending(self, all_: bool = False) -> bool:
         """Complete one (or every) prefill / synthesis in flight; False when none was."""
-        if not self.pending:
-            return False
-        while self.pending:
-            effect = self.pending.pop(0)
-            now = self.clock.now
-            if isinstance(effect, Prefill):
-                try:
-                    self.model.prefill(effect.prompt)
-                except Exception as exc:  # noqa: BLE001 - the model edge: any failure is the session's
-                    self.dispatch(self.call(self.session.prefill_failed, exc, now))
-                else:
-                    self.dispatch(self.call(self.session.prefilled, now))
-            else:
-                try:
-                    pcm = self.synth.synthesize(effect.text)
-                except Exception as exc:  # noqa: BLE001 - the synthesizer edge
-                    self.dispatch(self.call(self.session.synthesis_failed, effect.job_id, exc, now))
-                else:
-                    self.dispatch(self.call(self.session.synthesis_done, effect.job_id, pcm, now))
-            if not all_:
-                break
-        return True
+        return self.call(self.host.complete_pending, every=all_)
 
     def step(self, max_positions: int, *, timers: bool) -> bool:
         """Run up to ``max_positions`` positions; True when the session went idle (nothing left to do)."""
-        timer_budget = 4000
-        while not self.session.closed and self.ended is None:
-            if max_positions <= 0:
-                return False  # (a position once begun always completes: the budget is checked before polling)
-            tick = self.call(self.session.poll, self.clock.now)
-            self.dispatch(tick.outputs)
-            if self.ended is not None or self.session.closed:
-                return True
-            if tick.position is not None:
-                max_positions -= 1
-                self.stats.positions += 1
-                try:
-                    result = self.model.step(tick.position.input)
-                except Exception as exc:  # noqa: BLE001 - the model edge
-                    self.clock.advance(0.01)
-                    self.dispatch(self.call(self.session.fail, tick.position, exc, self.clock.now))
-                    continue
-                self.clock.advance(0.01)
-                self.dispatch(self.call(self.session.complete, tick.position, result, self.clock.now))
-                continue
-            if self.complete_pending():
-                continue
-            if tick.wake_at is None or not timers or self.lease_only():
-                return True
-            timer_budget -= 1
-            if timer_budget <= 0:
-                return False
-            self.clock.advance_to(tick.wake_at)
-        return True
+        if self.ended is not None:
+            return True
+        before = self.host.positions
+        try:
+            self.call(self.host.run, max_positions=max_positions, advance_time=timers, max_wakeups=4000,
+                      stop_when=self.lease_only)
+        finally:
+            self.stats.positions += self.host.positions - before
+        return self.host.went_idle
 
     def lease_only(self) -> bool:
         return False
@@ -353,7 +320,7 @@ class V3Episode(_Episode):
         self.core = SessionCore(SessionConfig(
             session_id="S", settlement_blank_frames=3, max_session_model_frames=self.max_frames,
             typed_input_ready=True, function_call_timeout_s=30.0, function_recovery_max_frames=256))
-        self.session = V3Session(self.core, V3Options(single_client=False))
+        self.host_session(V3Session(self.core, V3Options(single_client=False)))
         self.checker = TraceChecker("v3", name=self.label)
         self.next_turn = 1
         self.open_turn: int | None = None
@@ -377,14 +344,16 @@ class V3Episode(_Episode):
             session["capabilities"] = {"function_output_model_output": self.rng.choice([None, "client_authored_v1"])}
         return {"type": "session.update", "event_id": f"u{self.rng.randrange(1000)}", "session": session}
 
-    def on_event(self, event: Any) -> None:
-        try:  # as the server sends it: its compact JSON, then UTF-8 on the wire
-            text = _server_dumps(event)
-            text.encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise _Crash(f"{self.label}: unserializable server event {event!r:.200}: {exc}") from exc
+    def on_event(self, out: Any) -> None:
+        if not isinstance(out, Outbound):
+            raise _Crash(f"{self.label}: a v3 output that is not Outbound: {out!r:.200}")
+        try:  # UTF-8 on the wire
+            out.text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _Crash(f"{self.label}: server event not sendable as UTF-8 text {out.text!r:.200}: {exc}") from exc
         self.stats.server_events += 1
-        self.checker.server_event(text)
+        self.checker.server_event(out.text)
+        event = out.json()
         self.events.append(event)
         type_ = event["type"]
         if type_ == "error":
@@ -408,7 +377,9 @@ class V3Episode(_Episode):
         frame = message if isinstance(message, (str, bytes)) else json.dumps(message)
         self.checker.client_event(frame)
         self.dispatch(self.call(self.session.receive, frame, self.clock.now))
-        if self.ended is None:
+        if self.ended is None and not self.session.held_messages:
+            # Answered at once unless it waits behind an unfinished barrier (a prefill, a turn ack): then it is
+            # answered once that barrier is through, and the episode's end checks it.
             self.checker.settled()
 
     def append_event(self, pcm: bytes) -> dict:
@@ -580,10 +551,10 @@ class TieredEpisode(_Episode):
             session_id="duplex-S", settlement_blank_frames=3, max_session_model_frames=self.max_frames,
             typed_input_ready=True, function_call_timeout_s=30.0, function_recovery_max_frames=256,
             turn_policy="model", gate_open_after=1))
-        self.session = TieredSession(self.core, TieredOptions(
+        self.host_session(TieredSession(self.core, TieredOptions(
             lane=self.lane, model="nvidia/nemotron-voicechat", autostart=autostart, max_sessions=4,
             disconnect_grace_s=30.0, journal_max_bytes=self.rng.choice([8 << 20, 8 << 20, 64 << 10]),
-            journal_ttl_s=60.0))
+            journal_ttl_s=60.0, ids=SeededIds(self.label))))  # reproducible resume tokens
         dialect = "tiered-openai" if self.lane == "openai" else "tiered"
         self.dialect_name = dialect
         self.view = TraceChecker(dialect, stream="session", name=f"{self.label} (client view)")  # type: ignore[arg-type]
@@ -710,8 +681,7 @@ class TieredEpisode(_Episode):
             self.dispatch(self.call(self.session.disconnect, self.clock.now))
             self.ended = "disconnect"
             return
-        self.session.detach(self.clock.now)
-        self.dispatch(self.call(self.session.receive, Detached(self.session.credential.generation), self.clock.now))
+        self.dispatch(self.call(self.session.detach, self.clock.now))
 
     def resume(self, *, cursor: int | None = None, token: str | None = None) -> bool:
         if not self.session.resumable or self.token is None:

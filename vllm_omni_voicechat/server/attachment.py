@@ -1,0 +1,137 @@
+"""A session and the socket it is attached to (None while detached), with that socket's outbox.
+
+Puts never wait, so a resume's replay and live events never interleave; ``sent_through`` drops live events a
+replay already carried. What an outbox overflow means is the dialect's policy: a tiered session's socket is detached
+like a dropped one (the full lane's client resumes from the journal within the grace); a v3 session fails
+(``fail_on_overflow``: its model is released at once; the fatal ``output_backpressure`` error and close 1011 go out
+after a discard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.websockets import WebSocket
+
+from ..shell.aio import SessionShell
+from ..wire.transport import CloseTransport, Outbound
+from .config import ServerConfig
+from .outbox import Outbox
+
+
+class Attachment:
+    def __init__(self, protocol: Any, config: ServerConfig, *, fail_on_overflow: bool = False) -> None:
+        self.protocol = protocol
+        self.config = config
+        self.fail_on_overflow = fail_on_overflow
+        self.shell: SessionShell | None = None
+        self.socket: WebSocket | None = None
+        self.outbox: Outbox | None = None
+        self.lock = asyncio.Lock()
+        self.sent_through = 0
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self.ended = asyncio.Event()
+        self.overflows = 0
+        self.peak_outbound_bytes = 0
+        self.peak_outbound_events = 0
+        self._closers: set[asyncio.Task] = set()
+
+    @property
+    def detached_overflows(self) -> int:
+        """Overflows that detached the socket (the tiered policy)."""
+        return 0 if self.fail_on_overflow else self.overflows
+
+    def attach(self, ws: WebSocket, *, resume_outputs: int = 0) -> Outbox:
+        """Make ``ws`` the current socket, with a fresh outbox; the previous one (if any) is left to the caller.
+        A resumed socket whose ``resume_outputs`` (``session.resumed`` + replay) are not all written when it fails
+        rolls the credential back: the client may never have seen the new token."""
+
+        def gone() -> None:
+            if self.socket is ws and outbox.sent_events < resume_outputs:
+                self.protocol.rollback_resume()
+            self.detach(ws)
+
+        outbox = Outbox(ws, self.config, on_overflow=lambda: self._overflow(ws), on_gone=gone)
+        self.socket, self.outbox = ws, outbox
+        return outbox
+
+    async def sink(self, item: Any) -> None:
+        """The shell's sink: what the protocol object hands its transport."""
+        if isinstance(item, CloseTransport):
+            self.close_code = item.code
+            self.close_reason = item.reason
+        elif isinstance(item, Outbound):
+            self.send(item)
+
+    def send(self, item: Outbound) -> None:
+        outbox = self.outbox
+        if self.socket is None or outbox is None or (item.seq is not None and item.seq <= self.sent_through):
+            return  # detached (the journal keeps it) or already replayed on this socket
+        if not outbox.put(item.text):
+            return  # overflow (the session's policy ran) or the client left
+        self.peak_outbound_bytes = max(self.peak_outbound_bytes, outbox.peak_bytes)
+        self.peak_outbound_events = max(self.peak_outbound_events, outbox.peak_events)
+        if item.seq is not None:
+            self.sent_through = item.seq
+
+    def _overflow(self, ws: WebSocket) -> None:
+        if self.socket is not ws:
+            return
+        self.overflows += 1
+        if self.fail_on_overflow:
+            if self.shell is not None:
+                self.shell.disconnect()  # the session fails silently now; its error goes out when it has ended
+            return
+        outbox = self.outbox
+        self.detach(ws)
+        if outbox is not None:
+            outbox.abort()
+
+    def detach(self, ws: WebSocket) -> None:
+        if self.socket is not ws:
+            return  # a superseded socket going away changes nothing
+        self.socket = None
+        self.outbox = None
+        if self.protocol.resumable:
+            # Set at once, on the loop: a resume arriving before the shell's next turn sees the session detached.
+            self.protocol.detach(time.monotonic())
+            if self.shell is not None:
+                self.shell.wake()  # the grace deadline is a new wake-up time
+        elif self.shell is not None:
+            self.shell.disconnect()
+
+    def retire(self, outbox: Outbox | None, code: int, reason: str = "") -> None:
+        """Close a socket that is no longer current, in the background (a stalled one is cut off)."""
+        if outbox is None:
+            return
+        outbox.close(code, reason)
+        task = asyncio.create_task(outbox.closed())
+        self._closers.add(task)
+        task.add_done_callback(self._closers.discard)
+
+    async def finish(self) -> None:
+        """The session has ended: close the current socket (after the queued events) and wait for every close."""
+        outbox, self.socket, self.outbox = self.outbox, None, None
+        if outbox is not None:
+            if outbox.overflowed and not outbox.gone and self.fail_on_overflow:
+                outbox.discard()
+                outbox.put(self.protocol.output_backpressure(
+                    peak_queued_bytes=outbox.peak_bytes, max_outbound_bytes=outbox.max_bytes,
+                    max_outbound_events=outbox.max_events).text, force=True)
+                outbox.close(1011, "output_backpressure")
+            else:
+                outbox.close(self.close_code or 1000, self.close_reason if self.close_code else "")
+            await outbox.closed()
+        if self._closers:
+            await asyncio.gather(*self._closers, return_exceptions=True)
+
+    def stats(self, dialect: str) -> dict[str, Any]:
+        shell = self.shell
+        assert shell is not None
+        return {"dialect": dialect, "session_id": self.protocol.session_id,
+                "peak_outbound_bytes": self.peak_outbound_bytes, "peak_outbound_events": self.peak_outbound_events,
+                "outbound_overflows": self.overflows, "peak_inbox_messages": shell.peak_inbox_messages,
+                "peak_inbox_bytes": shell.peak_inbox_bytes, "refused_messages": shell.refused}

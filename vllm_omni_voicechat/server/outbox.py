@@ -1,0 +1,145 @@
+"""One socket's bounded outbound queue and its writer task (docs/reliability.md, "Backpressure")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+
+from starlette.websockets import WebSocket
+
+from .config import ServerConfig
+from .uvicorn import transport_for
+
+
+def _text_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+class Outbox:
+    """One socket's bounded outbound queue and its writer task (docs/reliability.md, "Backpressure").
+
+    Sessions hand events over without waiting on the network, so a slow reader never stalls a session's model
+    clock. Events queued or being written count against ``max_bytes``/``max_events``; the first event that would
+    exceed either is not queued and ``on_overflow`` runs once (the owner's policy). ``on_gone`` runs when a write
+    fails (the client left)."""
+
+    def __init__(self, websocket: WebSocket, config: ServerConfig, *, on_overflow: Callable[[], None],
+                 on_gone: Callable[[], None]) -> None:
+        self.websocket = websocket
+        self.max_bytes = config.max_outbound_bytes
+        self.max_events = config.max_outbound_events
+        self.close_timeout_s = config.outbound_close_timeout_s
+        self._on_overflow = on_overflow
+        self._on_gone = on_gone
+        self._queue: deque[tuple[str, int, bool]] = deque()  # (text, size, forced)
+        self.queued_bytes = 0
+        self._forced_bytes = 0  # forced events (a replay, a fatal error) do not count against the bounds
+        self._forced_events = 0
+        self.peak_bytes = 0
+        self.peak_events = 0
+        self.sent_events = 0
+        self.overflowed = False
+        self.gone = False
+        self._closing: tuple[int, str] | None = None
+        self._wake = asyncio.Event()
+        self._progress = 0
+        self._task = asyncio.create_task(self._write())
+
+    @property
+    def queued_events(self) -> int:
+        return len(self._queue)
+
+    def put(self, text: str, *, force: bool = False) -> bool:
+        """Queue one event; False when it was not queued (overflow now or before, closing, or gone). A forced
+        event is exempt from the bounds: a resume's replay (bounded by the journal), ``session.replaced``, a fatal
+        error after a discard."""
+        if self.gone or self._closing is not None or (self.overflowed and not force):
+            return False
+        size = _text_size(text)
+        if force:
+            self._forced_bytes += size
+            self._forced_events += 1
+        else:
+            events, queued = len(self._queue) - self._forced_events, self.queued_bytes - self._forced_bytes
+            if events and (events >= self.max_events or queued + size > self.max_bytes):
+                self.overflowed = True
+                self._on_overflow()
+                return False
+        self._queue.append((text, size, force))
+        self.queued_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.queued_bytes - self._forced_bytes)
+        self.peak_events = max(self.peak_events, len(self._queue) - self._forced_events)
+        self._wake.set()
+        return True
+
+    def discard(self) -> None:
+        """Drop what is queued (the event being written stays: it is half in the transport)."""
+        keep = [self._queue[0]] if self._queue and not self._task.done() else []
+        self._clear()
+        for entry in keep:
+            self._queue.append(entry)
+            self._count(entry, 1)
+
+    def _count(self, entry: tuple[str, int, bool], sign: int) -> None:
+        _, size, forced = entry
+        self.queued_bytes += sign * size
+        if forced:
+            self._forced_bytes += sign * size
+            self._forced_events += sign
+
+    def _clear(self) -> None:
+        self._queue.clear()
+        self.queued_bytes = self._forced_bytes = self._forced_events = 0
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Close the socket after what is queued has been written."""
+        if self._closing is None:
+            self._closing = (code, reason)
+            self._wake.set()
+
+    async def closed(self) -> None:
+        """Wait for the close to be written; a writer making no progress for ``close_timeout_s`` is cut off and
+        the transport aborted (a stalled reader never drains)."""
+        while not self._task.done():
+            seen = self._progress
+            done, _ = await asyncio.wait({self._task}, timeout=self.close_timeout_s)
+            if not done and self._progress == seen:
+                self.abort()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    def abort(self) -> None:
+        """Stop writing and drop the connection now."""
+        self.gone = True
+        self._clear()
+        self._task.cancel()
+        transport = transport_for(self.websocket)
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                transport.abort()  # drop the TCP connection at once (RST)
+
+    async def _write(self) -> None:
+        ws = self.websocket
+        try:
+            while True:
+                if not self._queue:
+                    if self._closing is not None:
+                        with contextlib.suppress(Exception):
+                            await ws.close(*self._closing)
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                entry = self._queue[0]
+                await ws.send_text(entry[0])
+                self._progress += 1
+                self.sent_events += 1
+                if self._queue and self._queue[0] is entry:
+                    self._count(self._queue.popleft(), -1)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the client left: a write failure is a disconnect
+            self.gone = True
+            self._clear()
+            self._on_gone()
