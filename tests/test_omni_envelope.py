@@ -16,7 +16,7 @@ from vllm_omni_voicechat.audio.frames import (
     SILENT_OUTPUT_FRAME,
 )
 from vllm_omni_voicechat.model.port import PositionControls
-from vllm_omni_voicechat.omni.alignment import AudioAligner
+from vllm_omni_voicechat.omni.alignment import AudioAligner, BoundaryRetimer
 from vllm_omni_voicechat.omni.envelope import (
     EnvelopeError,
     check_envelope,
@@ -113,6 +113,54 @@ def test_start_forgets_and_reprimes():
     a.start()
     assert (a.ready, a.partial_samples, a.take()) == (1, 0, SILENT_OUTPUT_FRAME)
     assert a.take() is None
+
+
+def _boundary(phase: str, ended: bool = False, reason: str | None = None, started: bool = False):
+    from vllm_omni_voicechat.model.port import BoundaryPhase, ResponseBoundary
+
+    return ResponseBoundary(BoundaryPhase(phase), started, ended, reason)
+
+
+@st.composite
+def _timelines(draw):
+    """Stage-0 boundaries of several responses: each BOS (started) at least ``gap`` positions after the previous
+    end, as a settlement guarantees."""
+    lag = draw(st.integers(0, 3))
+    out = [_boundary("idle") for _ in range(draw(st.integers(0, 3)))]
+    for k in range(draw(st.integers(0, 3))):
+        out.append(_boundary("responding", started=True))
+        out += [_boundary("responding") for _ in range(draw(st.integers(0, 4)))]
+        out.append(_boundary("complete", ended=True, reason=f"eos{k}"))
+        out += [_boundary("idle") for _ in range(lag + draw(st.integers(0, 3)))]
+    return lag, out
+
+
+@settings(max_examples=100, deadline=None)
+@given(_timelines())
+def test_a_response_end_moves_lag_positions_later_onto_its_last_packet(timeline):
+    lag, boundaries = timeline
+    retimer = BoundaryRetimer(lag)
+    out = [retimer.retime(b) for b in boundaries]
+    ends = [(i, b.reason) for i, b in enumerate(boundaries) if b.ended]
+    assert [(i, b.reason) for i, b in enumerate(out) if b.ended] == [(i + lag, r) for i, r in ends]
+    assert [b.started for b in out] == [b.started for b in boundaries]  # BOS stays on the text timeline
+    held = {i + k for i, _ in ends for k in range(lag)}
+    for i, (before, after) in enumerate(zip(boundaries, out)):
+        if i in held:
+            assert (after.phase.value, after.ended, after.reason) == ("tail_draining", False, None)
+        elif not after.ended:
+            assert after == before
+
+
+def test_a_new_request_drops_a_held_end():
+    retimer = BoundaryRetimer(2)
+    assert retimer.retime(_boundary("complete", ended=True, reason="eos")).ended is False
+    assert retimer.holding
+    retimer.start()
+    assert not retimer.holding
+    assert retimer.retime(_boundary("idle")) == _boundary("idle")
+    with pytest.raises(ValueError):
+        BoundaryRetimer(-1)
 
 
 def _sim_results():

@@ -31,7 +31,7 @@ def port_for(engine, **kw):
     return OmniStage0Port(engine.omni, engine.api.loop, engine.plugin.bus, **kw)
 
 
-def session(engine, **config):
+def session(engine, audio_lag: int = 0, **config):
     from vllm_omni_voicechat.model.port import SessionPrompt
     from vllm_omni_voicechat.session.commands import Configure
     from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
@@ -39,7 +39,7 @@ def session(engine, **config):
 
     config.setdefault("session_id", "S")
     config.setdefault("settlement_blank_frames", 3)
-    driver = SyncDriver(SessionCore(SessionConfig(**config)), port_for(engine))
+    driver = SyncDriver(SessionCore(SessionConfig(**config)), port_for(engine, audio_lag=audio_lag))
     driver.send(Configure(SessionPrompt("Be brief.")))
     return driver
 
@@ -163,3 +163,29 @@ def test_an_open_that_outlives_the_port_s_wait_is_cancelled_not_orphaned(engine,
     assert slow.timeouts == [0.05]  # the RPC got its own timeout, shorter than the port's wait (0.1 s)
     wait_until(lambda: slow.cancelled)
     assert port.handle is None and len(engine.plugin.bus) == 0
+
+
+def test_with_an_audio_lag_the_response_ends_on_its_last_packet_and_keeps_all_its_audio(engine):
+    """At lag L step N returns the audio of N - L: the response ends L positions after its tokens did (on the
+    packet of its acoustic terminal), so its audio is L primed/earlier packets + all of the lag-0 response's."""
+    from vllm_omni_voicechat.audio.frames import SILENT_OUTPUT_FRAME
+    from vllm_omni_voicechat.audio.speech import render_speech
+    from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn
+    from vllm_omni_voicechat.session.events import AudioDelta, PositionMetrics, ResponseDone, TextDone
+
+    runs = {}
+    for lag in (0, 2):
+        d = session(engine, audio_lag=lag, session_id=f"lag{lag}")
+        d.send(StartTurn(1, "s1"))
+        d.send(AppendAudio(render_speech("hello")))
+        d.send(CommitTurn(1, "c1"))
+        d.run()
+        d.model.abort()
+        done = [e for e in d.events if isinstance(e, ResponseDone)]
+        positions = [e for e in d.events if isinstance(e, PositionMetrics) and e.response_id is not None]
+        runs[lag] = (b"".join(e.pcm for e in d.events if isinstance(e, AudioDelta)),
+                     [e.text for e in d.events if isinstance(e, TextDone)], [e.status for e in done], len(positions))
+    (audio0, text0, status0, n0), (audio2, text2, status2, n2) = runs[0], runs[2]
+    assert text0 == text2 == ["You said: hello."] and status0 == status2 == ["completed"]
+    assert n2 == n0 + 2  # the response stayed open two positions longer: its last packets were delivered
+    assert audio2 == 2 * SILENT_OUTPUT_FRAME + audio0

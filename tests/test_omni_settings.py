@@ -14,6 +14,8 @@ def test_the_block_is_validated_and_typed():
     assert parse_block({"warmup_positions": 2, "function_call_timeout_s": 30, "realtime_default": "tiered"}) == {
         "warmup_positions": 2, "function_call_timeout_s": 30.0, "realtime_default": "tiered"}
     assert parse_block(None) == {}
+    assert parse_block({"audio_lag_positions": 2, "settlement_blank_frames": 3}) == {
+        "audio_lag_positions": 2, "settlement_blank_frames": 3}
 
 
 @pytest.mark.parametrize("block, message", [
@@ -22,6 +24,8 @@ def test_the_block_is_validated_and_typed():
     ({"settlement_blank_frames": 2.5}, "must be int"),
     ({"settlement_blank_frames": True}, "must be int"),
     ({"realtime_default": "v4"}, "one of"),
+    ({"audio_lag_positions": 10}, r"audio_lag_positions \(10\) must be below voicechat.settlement_blank_frames \(10\)"),
+    ({"audio_lag_positions": 3, "settlement_blank_frames": 3}, "must be below"),
     ([1], "mapping"),
 ])
 def test_bad_blocks_fail_with_a_clear_message(block, message):

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 from vllm_omni.engine.duplex.commands import AppendAudio
 
 from ..model.port import ModelError, PositionInput, SessionPrompt, StepResult
 from ..session.tools import tool_to_dict
+from .alignment import BoundaryRetimer
 from .bus import Channel, ChannelFailure, Stage0Bus
 from .envelope import EVIDENCE_KEY, EnvelopeError, decode_step, encode_controls, frame_to_f32
 
@@ -45,6 +47,7 @@ class OmniStage0Port:
         self.token_ids = token_ids
         self.step_timeout_s = step_timeout_s
         self.audio_lag = audio_lag
+        self.retimer = BoundaryRetimer(audio_lag)
         self.handle: Any = None
         self.channel: Channel | None = None
         self.position = 0
@@ -79,6 +82,7 @@ class OmniStage0Port:
         except Exception as exc:
             raise ModelError(f"vLLM-Omni refused the session: {exc}") from exc
         self.channel = self.bus.open(self.handle.session_id, audio_lag=self.audio_lag)
+        self.retimer.start()
         self.position = 0
         asyncio.run_coroutine_threadsafe(self._watch(self.handle, self.channel), self.loop)
 
@@ -97,6 +101,7 @@ class OmniStage0Port:
         if position.controls.reset:
             self._run(handle.cancel_input())  # a new epoch: a new Stage-0 request, re-prefilled
             channel.restart()
+            self.retimer.start()
         channel.push_controls(
             encode_controls(position.controls, position=self.position, synthetic=position.synthetic,
                             token_ids=self.token_ids)
@@ -115,9 +120,10 @@ class OmniStage0Port:
         if evidence is None:
             raise ModelError("Stage 0 returned no voicechat evidence (vc_step): the thinker is not ours")
         try:
-            return decode_step(evidence, audio, inference_ms)
+            result = decode_step(evidence, audio, inference_ms)
         except EnvelopeError as exc:
             raise ModelError(str(exc)) from exc
+        return replace(result, boundary=self.retimer.retime(result.boundary)) if self.audio_lag else result
 
     def abort(self) -> None:
         handle, self.handle = self.handle, None

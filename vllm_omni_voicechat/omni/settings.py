@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
+from ..session.settlement import DEFAULT_FENCE
 from ..wire.tiered.routing import BARE_DEFAULTS
 
 MIN_PROMPT_TOKENS = 1024
@@ -83,6 +84,10 @@ def parse_block(block: Any) -> dict[str, Any]:
         if minimum is not None and value < minimum:
             raise VoicechatSettingsError(f"voicechat.{name} must be >= {minimum}, not {value!r}")
         out[name] = value
+    lag, fence = out.get("audio_lag_positions", 0), out.get("settlement_blank_frames", DEFAULT_FENCE)
+    if lag >= fence:  # a held response end must be released before the next response can start (alignment.py)
+        raise VoicechatSettingsError(f"voicechat.audio_lag_positions ({lag}) must be below "
+                                     f"voicechat.settlement_blank_frames ({fence})")
     if out.get("realtime_default", "v3") not in BARE_DEFAULTS:
         raise VoicechatSettingsError(f"voicechat.realtime_default must be one of {', '.join(BARE_DEFAULTS)}")
     if out.get("v3_turns", "client") not in V3_TURNS:
