@@ -230,9 +230,12 @@ def test_deploy_yaml_is_the_in_tree_streaming_duplex_merge_plus_our_changes():
     ours = load_deploy_config(PACKAGED_DEPLOY_CONFIG)
     sessions = ours.duplex_session.max_sessions
     assert sessions == 4
+    # vLLM-Omni's duplex YAML serves one session (window 1); every admitted session must stream at once
+    assert upstream.active_stream_window == 1 and upstream.duplex_session.max_sessions == 1
     expected = dataclasses.replace(
         upstream,
         pipeline=PIPELINE_KEY,
+        active_stream_window=sessions,
         # our server owns idle policy and runs its own warmup (vLLM-Omni's would hit our routes)
         duplex_session=dataclasses.replace(upstream.duplex_session, max_sessions=sessions, idle_ttl_s=None,
                                            warmup_frames=0),

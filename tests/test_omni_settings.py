@@ -38,3 +38,39 @@ def test_the_packaged_deploy_yaml_block():
     settings = read_settings(PACKAGED_DEPLOY_CONFIG)
     assert settings["warmup_positions"] == 2 and settings["max_session_model_frames"] == 5400
     assert settings["realtime_default"] == "v3" and settings["step_timeout_s"] == 5.0
+
+
+def _deploy(window, sessions, seqs=(2, 2, 2)):
+    return {"active_stream_window": window, "duplex_session": {"max_sessions": sessions},
+            "stages": [{"stage_id": i, "max_num_seqs": n} for i, n in enumerate(seqs)]}
+
+
+def test_every_admitted_session_can_stream_at_once():
+    from vllm_omni_voicechat.omni.settings import check_concurrency
+
+    check_concurrency(_deploy(2, 2))
+    check_concurrency(_deploy(0, 2))  # 0: vLLM-Omni's unbounded window
+    check_concurrency({})
+    with pytest.raises(VoicechatSettingsError,
+                       match=r"active_stream_window=1 lets only 1 session\(s\) stream .*max_sessions is 2"):
+        check_concurrency(_deploy(1, 2))
+    with pytest.raises(VoicechatSettingsError, match="stage 2 has max_num_seqs=1 but duplex_session.max_sessions is 2"):
+        check_concurrency(_deploy(2, 2, seqs=(2, 2, 1)))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm_omni") is None, reason="vllm_omni is not installed")
+@pytest.mark.parametrize("name", ["voicechat.yaml", "voicechat-cpu.yaml"])
+def test_the_packaged_yamls_let_every_session_stream(name, tmp_path):
+    from vllm_omni.config.stage_config import resolve_deploy_yaml
+
+    from vllm_omni_voicechat.omni.settings import check_concurrency
+
+    path = PACKAGED_DEPLOY_CONFIG.parent / name
+    deploy = resolve_deploy_yaml(path)
+    check_concurrency(deploy)
+    assert deploy["active_stream_window"] == deploy["duplex_session"]["max_sessions"]
+    broken = tmp_path / name
+    broken.write_text(path.read_text().replace(f"active_stream_window: {deploy['active_stream_window']} ",
+                                               "active_stream_window: 1 "))
+    with pytest.raises(VoicechatSettingsError, match="active_stream_window=1"):
+        read_settings(broken)

@@ -156,9 +156,32 @@ def prompt_token_budget(max_session_model_frames: int, max_model_len: int,
     return budget
 
 
+def check_concurrency(deploy: Mapping[str, Any]) -> None:
+    """Raise unless every admitted session can stream at once: vLLM-Omni's bounded active-stream window
+    (``active_stream_window``, the chunk transfer adapter's K) lets only K requests of Stages 1-2 stream, so a
+    session beyond K got no audio until an earlier one ended (measured on the CPU engine: a second session's first
+    position waited 10-13 s, the length of the first session). Each stage's ``max_num_seqs`` bounds it too."""
+    sessions = (deploy.get("duplex_session") or {}).get("max_sessions")
+    if not sessions:
+        return
+    window = int(deploy.get("active_stream_window", 0) or 0)
+    if 0 < window < sessions:
+        raise VoicechatSettingsError(
+            f"active_stream_window={window} lets only {window} session(s) stream through Stages 1-2 at once but "
+            f"duplex_session.max_sessions is {sessions}: the others would get no audio until one ends; set it to "
+            f">= {sessions} (or 0, unbounded)")
+    for stage in deploy.get("stages") or ():
+        seqs = _engine_arg(stage, "max_num_seqs") if isinstance(stage, Mapping) else None
+        if seqs is not None and int(seqs) < sessions:
+            raise VoicechatSettingsError(
+                f"stage {stage.get('stage_id')} has max_num_seqs={seqs} but duplex_session.max_sessions is "
+                f"{sessions}: raise it to >= {sessions}")
+
+
 def read_settings(config_path: str | Path | None) -> dict[str, Any]:
     """The validated block of the deploy YAML the engine was started with (``{}`` without one), its session position
-    guard checked against Stage 0's and Stage 1's request lengths (see the module docstring)."""
+    guard checked against Stage 0's and Stage 1's request lengths (see the module docstring) and its sessions against
+    the stages' concurrency."""
     if config_path is None:
         return {}
     from vllm_omni.config.stage_config import resolve_deploy_yaml
@@ -170,4 +193,5 @@ def read_settings(config_path: str | Path | None) -> dict[str, Any]:
     if max_model_len is not None:
         prompt_token_budget(frames, max_model_len)
     check_talker_length(frames, *talker_lengths(deploy))
+    check_concurrency(deploy)
     return out
