@@ -1,12 +1,13 @@
 """vLLM-Omni 0.30.0's real duplex engine stack on CPU over fake stage engines (tests only; needs vllm_omni).
 
 The real ``DuplexOrchestrator`` (with its ``DuplexSessionManager``, session runners and our plugin) runs on its own
-thread and event loop, over real ``StagePool``s whose stage clients are fakes: Stage 0 answers every append with a
-scripted token, Stage 2 answers with an 80 ms audio packet a little later. ``DuplexOmniEngine`` / ``DuplexOmni``
-are built around it without their constructors (those start real stage processes). Building this fixture is
-itself the pin on the private shapes it relies on (docs/omni-integration.md §3, §5): the ``OrchestratorBase``
-and ``StagePool`` constructors, the stage-client protocol, the output-processor methods, the engine-core output
-attributes and the ``DuplexOmniEngine``/``DuplexOmni`` attribute names.
+thread and event loop (``async_chunk=True``, as deployed), over real ``StagePool``s with vLLM-Omni's real output
+processors, whose stage clients are fakes: Stage 0 answers every append with a scripted token, Stage 2 answers
+with an 80 ms audio packet a little later, both as the engine core's ``OmniEngineCoreOutputs``.
+``DuplexOmniEngine`` / ``DuplexOmni`` are built around it without their constructors (those start real stage
+processes). Building this fixture is itself the pin on the private shapes it relies on (docs/omni-integration.md
+§3, §5): the ``OrchestratorBase`` and ``StagePool`` constructors, the stage-client protocol, the engine-core output
+types and the ``DuplexOmniEngine``/``DuplexOmni`` attribute names.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from typing import Any
 
 import janus
 import numpy as np
+import torch
 from vllm.sampling_params import SamplingParams
 from vllm_omni.config.stage_config import DuplexSessionRuntimeConfig
+from vllm_omni.engine import OmniEngineCoreOutput, OmniEngineCoreOutputs
 from vllm_omni.engine.duplex_omni_engine import DuplexOmniEngine
 from vllm_omni.engine.duplex_orchestrator import DuplexOrchestrator
 from vllm_omni.engine.rpc_result_router import CorrelatedRpcClient
@@ -49,40 +52,37 @@ class FakeTokenizer:
         return "".join(chr(97 + i % 26) for i in ids)
 
 
-class FakeOutputProcessor:
-    """vLLM's OutputProcessor surface the pools use: engine-core outputs -> request outputs."""
+def output_processor(stage_id: int):
+    """The stage's output processor as vLLM-Omni builds it (``stage_init_utils.build_llm_stage_output_processor``):
+    the real ``MultimodalOutputProcessor`` with the pipeline's engine output type. No tokenizer: the fake
+    checkpoint has none (the real Stage 0 detokenizes with the checkpoint's; our plugin reads token ids)."""
+    from vllm_omni.outputs.output_processor import MultimodalOutputProcessor
 
-    def add_request(self, request, prompt, parent_req, request_index, queue) -> None:
-        pass
+    from vllm_omni_voicechat.omni.pipeline import VOICECHAT_PIPELINE
 
-    def remove_request(self, request_id) -> None:
-        pass
-
-    def abort_requests(self, request_ids, internal: bool = False) -> list:
-        return list(request_ids)
-
-    def process_outputs(self, outputs, timestamp, iteration_stats):
-        request_outputs = []
-        for o in outputs:
-            completion = SimpleNamespace(token_ids=list(o.new_token_ids), cumulative_token_ids=None,
-                                         finish_reason=None, multimodal_output=o.multimodal_output, text="")
-            request_outputs.append(SimpleNamespace(request_id=o.request_id, finished=False, outputs=[completion],
-                                                   multimodal_output=o.multimodal_output, error=None,
-                                                   prompt_token_ids=[]))
-        return SimpleNamespace(request_outputs=request_outputs, reqs_to_abort=[])
-
-    def update_scheduler_stats(self, stats) -> None:
-        pass
+    return MultimodalOutputProcessor(tokenizer=None, log_stats=False,
+                                     engine_core_output_type=VOICECHAT_PIPELINE.stages[stage_id].engine_output_type)
 
 
-def engine_core_output(request_id: str, tokens=(), multimodal: dict | None = None) -> SimpleNamespace:
-    return SimpleNamespace(request_id=request_id, new_token_ids=list(tokens), is_segment_finished=True,
-                           finish_reason=None, kv_transfer_params=None, multimodal_output=multimodal or {},
-                           stop_reason=None, new_prompt_len_snapshot=None)
+def engine_core_output(request_id: str, tokens=(), multimodal: dict | None = None) -> OmniEngineCoreOutput:
+    return OmniEngineCoreOutput(request_id=request_id, new_token_ids=list(tokens), is_segment_finished=True,
+                                multimodal_output=multimodal or None)
 
 
-def step_outputs(*outputs) -> SimpleNamespace:
-    return SimpleNamespace(outputs=list(outputs), scheduler_stats=None, finished_requests=None, timestamp=time.time())
+def step_outputs(*outputs) -> OmniEngineCoreOutputs:
+    return OmniEngineCoreOutputs(outputs=list(outputs), timestamp=time.time())
+
+
+def as_tensors(metadata: dict) -> dict:
+    """A Stage-0 multimodal dict as the worker ships it (tensors only: ``vc_step`` as its uint8 wire bytes)."""
+    from vllm_omni_voicechat.omni.envelope import EVIDENCE_KEY, evidence_to_wire
+
+    out = {}
+    for key, value in metadata.items():
+        if key == EVIDENCE_KEY and isinstance(value, dict):
+            value = torch.frombuffer(bytearray(evidence_to_wire(value)), dtype=torch.uint8)
+        out[key] = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    return out
 
 
 class FakeStageClient:
@@ -142,7 +142,7 @@ def build_fake_engine(plugin, *, max_sessions: int = 2, respond: Respond = const
               SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, seed=0))
     clients = [FakeStageClient(i, final_output=i == 2, params=params[i]) for i in range(3)]
     model_config = SimpleNamespace(max_model_len=8192, hf_config=SimpleNamespace(stt_cfg={}))
-    pools = [StagePool(i, [c], output_processor=FakeOutputProcessor(),
+    pools = [StagePool(i, [c], output_processor=output_processor(i),
                        stage_vllm_config=SimpleNamespace(model_config=model_config)) for i, c in enumerate(clients)]
     fake = SimpleNamespace(stage2_packets=[])
 
@@ -150,8 +150,10 @@ def build_fake_engine(plugin, *, max_sessions: int = 2, respond: Respond = const
         rid, seq = request.request_id, request.model_intermediate_buffer["duplex"]["seq"]
         token, metadata, audio = respond(request)
         loop = asyncio.get_running_loop()
-        clients[0].emit(step_outputs(engine_core_output(rid, [token], metadata)))
-        packet = {"audio": audio, "sr": 22050}
+        clients[0].emit(step_outputs(engine_core_output(rid, [token], as_tensors(metadata))))
+        # what the code2wav model returns (``NemotronVoiceChatCode2Wav``: ``model_outputs`` + an int32 ``sr``)
+        packet = {"model_outputs": torch.from_numpy(np.array(audio, np.float32)),
+                  "sr": torch.tensor(22050, dtype=torch.int32)}
 
         def stage2() -> None:
             fake.stage2_packets.append((rid, seq))
@@ -171,7 +173,7 @@ def build_fake_engine(plugin, *, max_sessions: int = 2, respond: Respond = const
 
         async def main() -> None:
             orchestrator = DuplexOrchestrator(request_q.async_q, output_q.async_q, rpc_q.async_q, pools,
-                                              async_chunk=False, plugin=plugin, duplex_session_config=runtime,
+                                              async_chunk=True, plugin=plugin, duplex_session_config=runtime,
                                               model_config=model_config)
             holder.update(orchestrator=orchestrator, loop=loop)
             ready.set()

@@ -1,7 +1,7 @@
 """Stage-2 audio extraction (``omni/stage2.py``): every shape vLLM-Omni's output path can hand the data plane.
 
-Pure, so it runs in the lean venv; the engine e2e tests (tests/test_engine_e2e.py) run it on the real
-``OmniOutputProcessor``'s outputs."""
+Pure, so it runs in the lean venv; the fake-engine tests (tests/test_omni_fake_engine.py) and the engine e2e tests
+(tests/test_engine_e2e.py) run it on the real ``MultimodalOutputProcessor``'s outputs."""
 
 from __future__ import annotations
 

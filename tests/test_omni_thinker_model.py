@@ -510,3 +510,78 @@ def test_a_failure_while_finishing_a_position_is_contained_too(engines):
 
     with pytest.raises(RequestFailed, match="RuntimeError: function gate exploded"):
         decode_step(payload[EVIDENCE_KEY], b"", 0.0)
+
+
+def _next_plain(request, **runtime):
+    """The next append of a vLLM-Omni session of its own (no ``vc``), its runtime config updated with ``runtime``."""
+    duplex = dict(request.model_intermediate_buffer["duplex"])
+    seq = int(duplex["source_input_seq"]) + 1
+    duplex.update(seq=seq, source_input_seq=seq, runtime_config={**duplex["runtime_config"], **runtime},
+                  payload={**duplex["payload"], "audio": base64.b64encode(bytes(1280 * 4)).decode()})
+    return _Req(request.request_id, [PAD], {**request.model_intermediate_buffer, "duplex": duplex})
+
+
+def _batch_step(stage0, requests):
+    """One engine step over several requests, hook by hook as the AR runner does: per-request preprocess, one
+    forward, make_omni_output, sampling of each request's last row, then postprocess per request."""
+    from vllm_omni.model_executor.duplex_sampling import DuplexSamplingRow
+
+    m, infos, embeds, spans = stage0.model, [], [], []
+    for r in requests:
+        ids = torch.tensor(list(r.prompt_token_ids))
+        offset = stage0.computed.get(r.request_id, 0)
+        stage0.computed[r.request_id] = offset + len(ids)
+        info = {**r.model_intermediate_buffer, "_omni_num_computed_tokens": offset}
+        _, e, _ = m.preprocess(ids, None, **info)
+        infos.append(info)
+        embeds.append(e)
+        spans.append(e.shape[0])
+    ends = np.cumsum(spans).tolist()
+    with torch.no_grad():
+        hidden = torch.tanh(stage0.backbone(torch.cat(embeds)))
+        out = m.make_omni_output(hidden, model_intermediate_buffer=infos)
+        logits = m.compute_logits(hidden[[end - 1 for end in ends]])
+        m.prepare_duplex_sampling(logits, None, tuple(DuplexSamplingRow(i, r.request_id, None, None, None, 1)
+                                                      for i, r in enumerate(requests)))
+        sampled = m.sample(logits, None).sampled_token_ids[:, 0].tolist()
+        updates = [m.postprocess(hidden[end - span:end], request_id=r.request_id)
+                   for r, end, span in zip(requests, ends, spans)]
+    return sampled, updates, out.multimodal_outputs
+
+
+def test_postprocess_serves_the_in_tree_forced_function_queue_to_other_requests_and_ours_to_ours(engines):
+    """Finding 7: a duplex request without our ``vc`` envelope (a vLLM-Omni session of its own) is the parent's:
+    its ``function_call_output`` tokens come from the in-tree forced-function queue, while ours get our effective
+    function id, in one batch, neither disturbing the other."""
+    stage0 = ThinkerStage0()
+    first = _first_request(engines)
+    ours_id, theirs_id = "duplex-s.ours.e.0.r.stage0", "duplex-s.theirs.e.0.r.stage0"
+    ours = _Req(ours_id, list(first.prompt_token_ids), {**first.model_intermediate_buffer, "request_id": ours_id})
+    plain = {k: v for k, v in first.model_intermediate_buffer["duplex"].items() if k != "vc"}
+    theirs = _Req(theirs_id, list(first.prompt_token_ids),
+                  {**first.model_intermediate_buffer, "request_id": theirs_id, "duplex": plain})
+    stage0(ours)  # each prefills alone
+    stage0(theirs)
+    m = stage0.model
+    assert ours_id in m._vc and theirs_id not in m._vc  # only ours gets voicechat state
+
+    # the client answers a function call on vLLM-Omni's session: the in-tree queue forces 700, then 701
+    reply = {"nvc_function_response_generation": 1,
+             "nvc_function_response_batches": [{"generation": 1, "token_ids": [700, 701]}]}
+    ours, theirs = _next_request(ours), _next_plain(theirs, **reply)
+    stage0.heads.speaking, stage0.heads.queue = True, deque(REPLY)  # both rows' greedy text: 1000 ("Hi")
+    got = []
+    for _ in range(3):
+        sampled, updates, mm = _batch_step(stage0, [ours, theirs])
+        fn = [int(u["nvc_prev_function_token"].reshape(-1)[0]) for u in updates]
+        evidence = [decode_step(e, b"", 0.0) if e.numel() else None for e in mm[EVIDENCE_KEY]]
+        got.append((sampled, fn, evidence))
+        ours, theirs = _next_request(ours), _next_plain(theirs)
+    # theirs: 700, 701 from the in-tree queue, then the function head's own (PAD); ours: our effective id
+    assert [fn for _, fn, _ in got] == [[PAD, 700], [PAD, 701], [PAD, PAD]]
+    # theirs: the parent holds the text at PAD while a forced token is pending, then the greedy 1000;
+    # ours: the text our controls decided, as its evidence reports it; evidence for ours only
+    assert [s[1] for s, _, _ in got] == [PAD, PAD, 1000]
+    assert [(s[0], e[1]) for s, _, e in got] == [(e[0].agent.token_id, None) for _, _, e in got]
+    assert m._sessions[theirs_id]["forced_function_tokens"] == [] and m._sessions[theirs_id]["func_token"] == PAD
+    assert m._sessions[ours_id]["forced_function_tokens"] == [] and m._vc[ours_id].function == PAD

@@ -1,6 +1,6 @@
 """The PCM in one Stage-2 (code2wav) output, whatever shape vLLM-Omni's output path gives it.
 
-The real engine's ``OmniOutputProcessor`` hands the data plane outputs that may wrap the request output
+The real engine's ``MultimodalOutputProcessor`` hands the data plane outputs that may wrap the request output
 (``request_output``), keep the multimodal dict on the output or on its first completion, name the audio ``audio``,
 ``model_outputs`` or ``latent``, and hold it as an array, a tensor or a list of per-step tensors, with its sample
 rate under ``sr`` / ``sample_rate_hz``. Pure (numpy; tensors by duck typing): no vLLM import.

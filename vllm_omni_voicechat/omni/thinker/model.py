@@ -2,7 +2,8 @@
 
 Registered out of tree as ``thinker.ARCHITECTURE`` (``omni/register.py``); the deploy YAML's Stage 0 names it.
 Everything vLLM-Omni's thinker does (perception, AddFusion, NemotronH, the duplex prefill/continuation timeline,
-the function head) is inherited unchanged. Added, per duplex request (docs/thinker.md):
+the function head) is inherited unchanged. Added, per duplex request of ours (one whose positions carry our ``vc``
+envelope; any other, e.g. vLLM-Omni's own sessions, is served by the parent alone) (docs/thinker.md):
 
 * the RNNT decoder + joint (``rnnt.py``), loaded from the checkpoint tensors the in-tree loader skips, stepped
   once per position on that position's Conformer frame, state in the request's model-local state;
@@ -181,13 +182,23 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         self._step_rows.append((request_id, int(input_ids.shape[0])))
         return super().preprocess(input_ids, input_embeds, **info_dict)
 
+    def _is_ours(self, request_id: str, duplex: dict[str, Any]) -> bool:
+        """Ours once a position carries our ``vc`` envelope (our port's sessions). Any other duplex request
+        (vLLM-Omni's own sessions) is the parent's alone, its ``function_call_output`` forced-function queue
+        included: voicechat state would take over its sampling and function channel."""
+        return request_id in self._vc or request_id in self._failed or isinstance(duplex.get(VC_KEY), dict)
+
     def _preprocess_duplex(self, *, request_id: str, input_ids: torch.Tensor, info: dict[str, Any],
                            duplex: dict[str, Any]):
-        # Our function channel is the session's ``func_token`` (set from the effective id in make_omni_output);
-        # a stale runner payload must not override it.
-        info = {k: v for k, v in info.items() if k != "nvc_prev_function_token"}
+        ours = self._is_ours(request_id, duplex)
+        if ours:
+            # Our function channel is the session's ``func_token`` (set from the effective id in
+            # make_omni_output); a stale runner payload must not override it.
+            info = {k: v for k, v in info.items() if k != "nvc_prev_function_token"}
         ids, embeds, update = super()._preprocess_duplex(request_id=request_id, input_ids=input_ids, info=info,
                                                          duplex=duplex)
+        if not ours:
+            return ids, embeds, update
         session = self._sessions[request_id]
         offset = max(0, int(info.get("_omni_num_computed_tokens", 0) or 0))
         if offset + int(input_ids.shape[0]) < int(session["prefill_embeds"].shape[0]):
@@ -287,9 +298,14 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         return out
 
     def postprocess(self, hidden_states: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
-        req = self._vc.get(kwargs.get("request_id"))  # type: ignore[arg-type]
-        if req is None or req.function is None:
+        request_id = kwargs.get("request_id")
+        req = self._vc.get(request_id) if isinstance(request_id, str) else None
+        if req is None:  # not ours: the parent's path, its forced-function queue included
             return super().postprocess(hidden_states, **kwargs)
+        # Ours: the effective id decided in make_omni_output. Our tool results ride ``vc``, never the parent's
+        # queue, so it is not served here; no finished position yet (it failed) feeds nothing back.
+        if req.function is None:
+            return {}
         return {"nvc_prev_function_token": torch.tensor([req.function], dtype=torch.long)}
 
     def on_requests_finished(self, finished_req_ids: set[str] | list[str]) -> None:
