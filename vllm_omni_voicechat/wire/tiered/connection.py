@@ -3,8 +3,8 @@
 It drives a :class:`~vllm_omni_voicechat.session.core.SessionCore` in the model-owned turn policy with the driving
 interface of ``shell/driving.py`` (so the same hosts drive it), turns client events into core commands and
 projector calls, and stamps and journals what the projector renders. What outlives a socket (journal, credential,
-grace and idle TTL) is the lease's (``lease.py``). Outputs are :class:`Outbound` texts (stamped with
-``server_event_seq`` where journaled), core effects and :class:`CloseTransport`.
+grace and idle TTL) is the lease's (``lease.py``); what answers a turn is ``turn_answer.py``'s. Outputs are
+:class:`Outbound` texts (stamped with ``server_event_seq`` where journaled), core effects and :class:`CloseTransport`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from ...session.commands import (
     CommitInput,
     Configure,
     RequestTypedInput,
-    RespondNow,
     Stop,
     SubmitFunctionOutput,
 )
@@ -39,6 +38,7 @@ from .projector import Refused, TieredProjector, WireEvent
 from .response_options import unservable_response_options
 from .schema import CLOSE_NORMAL, DISCONNECT_GRACE_S, MAX_PENDING_INPUT_BYTES, capabilities, close_code_for
 from .settings import SessionSettings, SettingsError, apply_update, default_settings, render_session
+from .turn_answer import TurnAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +96,6 @@ class TieredSession:
         self._pending_input: list[Any] = []
         self._pending_bytes = 0
         self._uncommitted = 0
-        self._staged_text: tuple[str, str] | None = None  # (item_id, text) waiting for response.create
         self._typed_seq = 0
         self._published_calls: set[str] = set()
         self._answered_calls: set[str] = set()
@@ -105,12 +104,7 @@ class TieredSession:
         self._config_acks: list[bool] = []  # per Configure sent: whether a client update waits for session.updated
         self._close_reason = "client_close"
         self._autostart_prefill = False
-        self._awaiting_create = False
-        # OpenAI lane, model-owned turns: an answer the model opens by itself (a response.create meanwhile is
-        # absorbed). Due from the turn's commit until its response.created; then that response's wire id.
-        self._answer_due = False
-        self._self_answer: str | None = None
-        self._create_waiting: tuple[Any] | None = None  # (event id,) of a create whose commit is still settling
+        self.answer = TurnAnswer()
 
     def _new_projector(self) -> TieredProjector:
         s = self.settings
@@ -350,8 +344,7 @@ class TieredSession:
         # Client-owned turns (OpenAI lane, turn_detection null) and auto_response:false: the commit settles the
         # turn and holds its EOU; response.create fires it. Otherwise the commit forces the model's own EOU.
         respond = self.settings.model_eou
-        self._awaiting_create = not respond
-        self._answer_due = respond and not self.tier3
+        self.answer.committed(respond=respond, openai=not self.tier3)
         # Before the first prefill is done the commit waits behind the audio it commits.
         out += self._submit(CommitInput(e.event_id, respond=respond), now)
         return out
@@ -389,11 +382,9 @@ class TieredSession:
             return self._error("bad_event", f"unsupported item type {kind!r}", e.event_id, "item.type", now)
         role = item.get("role", "user")
         content = item.get("content") if isinstance(item.get("content"), list) else []
-        texts = [c.get("text") for c in content if isinstance(c, dict) and c.get("type") in ("input_text", "text")]
         item_id = item.get("id") if isinstance(item.get("id"), str) else f"item_text_{self.outgoing.next_id()}"
         events = self.projector.add_client_item(item_id, role, content)
-        if role == "user" and any(isinstance(t, str) and t for t in texts):
-            self._staged_text = (item_id, " ".join(t for t in texts if isinstance(t, str) and t))
+        self.answer.stage_text(item_id, role, content)
         return self._emit(events, now)
 
     def _function_output(self, e: p.ConversationItemCreate, now: float) -> list[TieredOutput]:
@@ -432,31 +423,18 @@ class TieredSession:
             refused = unservable_response_options(e, self.settings)
             if refused is not None:
                 return self._error(refused.code, refused.message, e.event_id, refused.param, now)
-        if self._staged_text is not None:
-            item_id, text = self._staged_text
-            self._staged_text = None
-            return self._submit(RequestTypedInput(item_id, text, e.event_id), now)
-        if self._awaiting_create:
-            self._awaiting_create = False
-            self._create_waiting = (e.event_id,)  # until its commit is settled (see _unheard_commit)
-            return self._submit(RespondNow(e.event_id), now)  # behind a commit still waiting for the prefill
+        command = self.answer.create(e.event_id)
+        if command is not None:
+            return self._submit(command, now)  # behind a commit or the first prefill still in flight
         if self.projector.pending_create or self.core.cycle is not None:
             return []  # answered by the post-tool response B
-        if not self.tier3 and self.settings.model_eou and self._answering():
+        if not self.tier3 and self.settings.model_eou and self.answer.answering(self.projector.active,
+                                                                         self.core.microphone_turn_settling):
             return []  # the model's own end of turn answers (being opened or open): nothing more to start
         if self.projector.active is not None:
             return self._error("response_already_active", "a response is in progress", e.event_id, None, now)
         return self._error("response_create_without_input", "nothing to respond to: commit audio or add text first",
                             e.event_id, None, now)
-
-    def _answering(self) -> bool:
-        """The model answers a turn by itself: its answer is due, or open, or the turn is still settling."""
-        if self._answer_due:
-            return True
-        active = self.projector.active
-        if active is not None and active.id == self._self_answer:
-            return True
-        return self.core.microphone_turn_settling
 
     def _response_cancel(self, e: p.ResponseCancel, now: float) -> list[TieredOutput]:
         active = self.projector.active
@@ -544,17 +522,15 @@ class TieredSession:
             if isinstance(o, ev.AudioDelta):
                 self._audio_out = True
                 self.lease.touch(now)
-            elif not self.tier3 and type(o) in _TURN_EVENTS and self._openai_turns(o):
+            elif not self.tier3 and self.answer.hides(o, self.settings):
                 continue
             barge_in = (isinstance(o, ev.SpeechStarted) and o.source == "microphone"
                         and self.projector.active is not None and self.settings.overlap_policy == "barge_in_on_speech")
             events = self.projector.project(o)
-            if isinstance(o, ev.ResponseCreated) and self._answer_due and self.projector.active is not None:
-                self._answer_due, self._self_answer = False, self.projector.active.id
             if isinstance(o, ev.ResponseCreated):
-                self._create_waiting = None
+                self.answer.created(self.projector.active)
             elif isinstance(o, ev.ListenDecision) and not self.tier3 and o.reason == "silence_or_noise":
-                events += self._unheard_commit(o)
+                events += self.answer.unheard_commit(o)
             if barge_in:  # server_vad: speech during a response interrupts it at once (an epoch cancel)
                 wire += self._emit(events, now)
                 wire += self._cancel("barge_in", now)
@@ -576,32 +552,6 @@ class TieredSession:
             wire.append(CloseTransport(self._close_code, close_reason(self._transport_reason)))
         return wire
 
-    def _openai_turns(self, o: ev.Output) -> bool:
-        """OpenAI lane bookkeeping of who answers a turn; True for events client-owned turns never show: OpenAI
-        sends no speech events without turn detection, and the transcript comes with the commit."""
-        if isinstance(o, (ev.SpeechStarted, ev.SpeechStopped, ev.TranscriptDelta)):
-            return o.source == "microphone" and self.settings.client_turns
-        if isinstance(o, ev.TranscriptCompleted):
-            if o.source == "microphone" and o.transcript:
-                self._answer_due = self.settings.model_eou
-                self._create_waiting = None
-        elif isinstance(o, (ev.ListenDecision, ev.FunctionCallPublished)):
-            self._answer_due = False
-        return False
-
-    def _unheard_commit(self, o: ev.ListenDecision) -> list[WireEvent]:
-        """OpenAI lane: a commit whose audio held no speech the model heard ends as a listen decision, which
-        the lane cannot show (``response.listen`` is Tier 3). The client is told, and a ``response.create`` already
-        sent for it is answered too, instead of waiting for a response that never comes."""
-        out = [se.error_event("input_audio_buffer_empty", "the committed audio holds no speech the model heard; "
-                              "nothing was committed", event_id=o.client_event_id)]
-        if self._create_waiting is not None:
-            out.append(se.error_event("response_create_without_input", "nothing to respond to: the committed "
-                                      "audio held no speech", event_id=self._create_waiting[0]))
-        self._awaiting_create = False
-        self._create_waiting = None
-        return out
-
     def _configured(self, o: ev.SessionConfigured, now: float) -> list[TieredOutput]:
         ack = self._config_acks.pop(0) if self._config_acks else False
         out: list[TieredOutput] = []
@@ -620,10 +570,6 @@ class TieredSession:
                 self.core.receive(RequestTypedInput("initial_user_text", self.settings.initial_user_text), now), now)
         return out
 
-
-# What the OpenAI lane's turn bookkeeping looks at (``_openai_turns``).
-_TURN_EVENTS = frozenset({ev.SpeechStarted, ev.SpeechStopped, ev.TranscriptDelta, ev.TranscriptCompleted,
-                          ev.ListenDecision, ev.FunctionCallPublished})
 
 _HANDLERS = {
     p.SessionUpdate: TieredSession._session_update,
