@@ -3,8 +3,9 @@
 It drives a :class:`~vllm_omni_voicechat.session.core.SessionCore` in the model-owned turn policy with the driving
 interface of ``shell/driving.py`` (so the same hosts drive it), turns client events into core commands and
 projector calls, and stamps and journals what the projector renders. What outlives a socket (journal, credential,
-grace and idle TTL) is the lease's (``lease.py``); what answers a turn is ``turn_answer.py``'s. Outputs are
-:class:`Outbound` texts (stamped with ``server_event_seq`` where journaled), core effects and :class:`CloseTransport`.
+grace and idle TTL) is the lease's (``lease.py``); the input audio buffer (``input_buffer.py``) and what answers a
+turn (``turn_answer.py``) are their own. Outputs are :class:`Outbound` texts (stamped with ``server_event_seq`` where
+journaled), core effects and :class:`CloseTransport`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from ...session.core import SessionCore, Tick
 from ..transport import CloseTransport, Outbound, close_reason
 from . import parser as p
 from . import session_events as se
-from .audio import AudioFormatError, InputConverter
+from .audio import InputConverter
+from .input_buffer import InputBuffer
 from .journal import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, InvalidAck, Journal, ResyncRequired
 from .lease import Lease, Reattached, ResumeRefused
 from .outgoing import Outgoing
@@ -88,14 +90,12 @@ class TieredSession:
                            journal_ttl_s=o.journal_ttl_s, ids=o.ids)
         self.outgoing = Outgoing(self.session_id, tier3=self.tier3, journal=self.lease.journal)
         self._emit = self.outgoing.send  # the send path: stamped, filtered, held or journaled (bound once, it is hot)
-        self._converter = InputConverter(self.settings.input_format, self.settings.input_rate)
+        self.input_buffer = InputBuffer(self.settings.input_format, self.settings.input_rate,
+                                        o.max_pending_input_bytes)
         self._expired = False
         self._close_sent = False
         self._close_code: int | None = None
         self._transport_reason = ""  # the close frame's reason: the fatal code, else the session.closed reason
-        self._pending_input: list[Any] = []
-        self._pending_bytes = 0
-        self._uncommitted = 0
         self._typed_seq = 0
         self._published_calls: set[str] = set()
         self._answered_calls: set[str] = set()
@@ -118,7 +118,7 @@ class TieredSession:
                                  modalities=s.output_modalities, commit_policy=s.playback_commit_policy,
                                  overlap_policy=s.overlap_policy)
         if (old.input_format, old.input_rate) != (s.input_format, s.input_rate):
-            self._converter = InputConverter(s.input_format, s.input_rate)
+            self.input_buffer.converter = InputConverter(s.input_format, s.input_rate)
         self.core.tune_turn_taking(auto_eou=s.model_eou, eou_blank_frames=s.eou_blank_frames)
 
     # What outlives a socket is the lease's: these are its views.
@@ -301,44 +301,26 @@ class TieredSession:
                             e.event_id, None, now)
 
     def _append(self, e: p.InputAudioBufferAppend, now: float) -> list[TieredOutput]:
-        if e.audio is None:
-            return []  # video frames only: accepted and ignored
-        fmt = e.format or self.settings.input_format
-        rate = e.sample_rate_hz or self.settings.input_rate
-        try:
-            if (fmt, rate) != (self._converter.format, self._converter.sample_rate):
-                self._converter = InputConverter(fmt, rate)
-            pcm = self._converter.feed(e.audio)
-        except AudioFormatError as exc:
-            return self._error(exc.code, str(exc), e.event_id, exc.param, now)
-        self._uncommitted += len(e.audio)
-        if not pcm:
+        # OpenAI clients stream right after connecting: audio is held until the prompt is prefilled.
+        appended = self.input_buffer.append(e, self.settings, held=not self.core.configured)
+        if isinstance(appended, Refused):
+            return self._error(appended.code, appended.message, e.event_id, appended.param, now)
+        if appended is None:
             return []
-        command = AppendAudio(pcm, e.event_id, len(e.audio))
-        if not self.core.configured:
-            # OpenAI clients stream right after connecting: hold audio until the prompt is prefilled.
-            if self._pending_bytes + len(pcm) > self.options.max_pending_input_bytes:
-                return self._error("input_backpressure", "too much audio before the session was ready",
-                                    e.event_id, None, now)
-            self._pending_input.append(command)
-            self._pending_bytes += len(pcm)
-            return []
-        return self._project(self.core.receive(command, now), now)
+        return self._project(self.core.receive(appended, now), now)
 
     def _commit(self, e: p.InputAudioBufferCommit, now: float) -> list[TieredOutput]:
         if e.is_speech is False and not self.core.microphone_turn_open:
             # The client says the buffer holds no speech: drop it and decide to listen (§2).
-            self._uncommitted = 0
-            self._converter.clear()
+            self.input_buffer.drop()
             out = self._project(self.core.receive(ClearInput(e.event_id), now), now)
             return out + self._emit([self.projector.listen("silence_or_noise")], now)
-        if not self._uncommitted and not self.core.microphone_turn_open:
+        if not self.input_buffer.uncommitted and not self.core.microphone_turn_open:
             if self.core.last_turn_outcome == "eou":
                 return []  # the model-owned EOU already took this audio
             return self._error("input_audio_buffer_empty", "no audio to commit", e.event_id, None, now)
-        self._uncommitted = 0
         out: list[TieredOutput] = []
-        tail = self._converter.flush()
+        tail = self.input_buffer.commit()
         if tail:
             out += self._submit(AppendAudio(tail, e.event_id), now)
         # Client-owned turns (OpenAI lane, turn_detection null) and auto_response:false: the commit settles the
@@ -350,10 +332,7 @@ class TieredSession:
         return out
 
     def _clear(self, e: p.InputAudioBufferClear, now: float) -> list[TieredOutput]:
-        self._converter.clear()
-        self._uncommitted = 0
-        self._pending_input.clear()
-        self._pending_bytes = 0
+        self.input_buffer.clear()
         out = self._project(self.core.receive(ClearInput(e.event_id), now), now)
         return out + self._emit([se.input_cleared()], now)
 
@@ -369,7 +348,7 @@ class TieredSession:
     def _submit(self, command: Any, now: float) -> list[TieredOutput]:
         """Input before the first prefill finished waits for it (OpenAI clients do not wait for readiness)."""
         if not self.core.configured:
-            self._pending_input.append(command)
+            self.input_buffer.hold(command)
             return []
         return self._project(self.core.receive(command, now), now)
 
@@ -561,8 +540,7 @@ class TieredSession:
             out += self.outgoing.release_held(now)
         elif ack:
             out += self._emit([se.session_event("session.updated", self._session_object())], now)
-        pending, self._pending_input, self._pending_bytes = self._pending_input, [], 0
-        for command in pending:
+        for command in self.input_buffer.take_held():
             out += self._project(self.core.receive(command, now), now)
         if self.settings.initial_user_text and self._typed_seq == 0:
             self._typed_seq += 1
