@@ -3,9 +3,9 @@
 It drives a :class:`~vllm_omni_voicechat.session.core.SessionCore` in the model-owned turn policy with the driving
 interface of ``shell/driving.py`` (so the same hosts drive it), turns client events into core commands and
 projector calls, and stamps and journals what the projector renders. What outlives a socket (journal, credential,
-grace and idle TTL) is the lease's (``lease.py``); the input audio buffer (``input_buffer.py``) and what answers a
-turn (``turn_answer.py``) are their own. Outputs are :class:`Outbound` texts (stamped with ``server_event_seq`` where
-journaled), core effects and :class:`CloseTransport`.
+grace and idle TTL) is the lease's (``lease.py``); the input audio buffer (``input_buffer.py``), what answers a turn
+(``turn_answer.py``) and how the socket closes (``closing.py``) are their own. Outputs are :class:`Outbound` texts
+(stamped with ``server_event_seq`` where journaled), core effects and :class:`CloseTransport`.
 """
 
 from __future__ import annotations
@@ -28,17 +28,18 @@ from ...session.commands import (
     SubmitFunctionOutput,
 )
 from ...session.core import SessionCore, Tick
-from ..transport import CloseTransport, Outbound, close_reason
+from ..transport import CloseTransport, Outbound
 from . import parser as p
 from . import session_events as se
 from .audio import InputConverter
+from .closing import Closing
 from .input_buffer import InputBuffer
 from .journal import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, InvalidAck, Journal, ResyncRequired
 from .lease import Lease, Reattached, ResumeRefused
 from .outgoing import Outgoing
 from .projector import Refused, TieredProjector, WireEvent
 from .response_options import unservable_response_options
-from .schema import CLOSE_NORMAL, DISCONNECT_GRACE_S, MAX_PENDING_INPUT_BYTES, capabilities, close_code_for
+from .schema import DISCONNECT_GRACE_S, MAX_PENDING_INPUT_BYTES, capabilities
 from .settings import SessionSettings, SettingsError, apply_update, default_settings, render_session
 from .turn_answer import TurnAnswer
 
@@ -93,16 +94,13 @@ class TieredSession:
         self.input_buffer = InputBuffer(self.settings.input_format, self.settings.input_rate,
                                         o.max_pending_input_bytes)
         self._expired = False
-        self._close_sent = False
-        self._close_code: int | None = None
-        self._transport_reason = ""  # the close frame's reason: the fatal code, else the session.closed reason
+        self.closing = Closing()
         self._typed_seq = 0
         self._published_calls: set[str] = set()
         self._answered_calls: set[str] = set()
         self._audio_out = False
         self._requested_prompt: SessionPrompt | None = None
         self._config_acks: list[bool] = []  # per Configure sent: whether a client update waits for session.updated
-        self._close_reason = "client_close"
         self._autostart_prefill = False
         self.answer = TurnAnswer()
 
@@ -227,8 +225,7 @@ class TieredSession:
             out += self._emit([se.session_expired(self.session_id, reason)], now)
         out += self.core.disconnect(now)
         self._expired = True
-        out.append(CloseTransport(CLOSE_NORMAL, close_reason(reason)))
-        self._close_sent = True
+        out.append(self.closing.expired(reason))
         return out
 
     def resume(self, request: p.SessionResume, now: float) -> ResumeOutcome:
@@ -293,7 +290,7 @@ class TieredSession:
         return []
 
     def _close(self, e: p.SessionClose, now: float) -> list[TieredOutput]:
-        self._close_reason = e.reason
+        self.closing.client_reason = e.reason
         return self._project(self.core.receive(Stop(e.event_id), now), now)
 
     def _resume_late(self, e: p.SessionResume, now: float) -> list[TieredOutput]:
@@ -515,20 +512,14 @@ class TieredSession:
                 wire += self._cancel("barge_in", now)
                 continue
             if isinstance(o, ev.SessionClosed):
-                reason = self._close_reason if o.reason == "client_stop" else o.reason
+                reason = self.closing.session_closed(o.reason)
                 events.append(se.session_closed(self.session_id, self.projector.epoch, reason))
-                if self._close_code is None:
-                    self._close_code = CLOSE_NORMAL
-                    self._transport_reason = reason
-            elif isinstance(o, ev.Error) and o.fatal and self._close_code is None:
-                self._close_code = close_code_for(o.code)
-                self._transport_reason = o.code
+            elif isinstance(o, ev.Error) and o.fatal and self.closing.failed(o.code):
                 if not any(isinstance(x, ev.SessionClosed) for x in outputs):
                     events.append(se.session_closed(self.session_id, self.projector.epoch, o.code))
             wire += self._emit(events, now)
-        if self.core.closed and not self._close_sent and self._close_code is not None:
-            self._close_sent = True
-            wire.append(CloseTransport(self._close_code, close_reason(self._transport_reason)))
+        if self.core.closed:
+            wire += self.closing.transport()
         return wire
 
     def _configured(self, o: ev.SessionConfigured, now: float) -> list[TieredOutput]:
