@@ -8,9 +8,10 @@ ordered list of native events and effects. The shell loop is::
     result = model.step(tick.position.input)           # off the event loop
     outputs = core.complete(tick.position, result, now)
 
-Client barriers are ordered with the audio around them in one work queue (``work.py``); each item runs as a
-procedure (``procedures.py``). What the client sees of a position is the conversation's (``conversation.py``);
-typed jobs and function cycles are their own modules. The lifecycle is one phase (``phase.py``).
+Client barriers are ordered with the audio around them in one work queue (``work.py``); the microphone's commands
+are checked at receipt by ``input_turns.py``, and each item runs as a procedure (``procedures.py``). What the
+client sees of a position is the conversation's (``conversation.py``); typed jobs and function cycles are their own
+modules. The lifecycle is one phase (``phase.py``).
 """
 
 from __future__ import annotations
@@ -50,14 +51,10 @@ from .events import (
     AbortModel,
     CancelSynthesis,
     Error,
-    InputCleared,
     Output,
     Prefill,
     SessionClosed,
     SessionConfigured,
-    SpeechStopped,
-    TurnCommitted,
-    TurnStarted,
     TypedRejected,
 )
 from .functions import (
@@ -69,11 +66,12 @@ from .functions import (
     Tokenizer,
 )
 from .gate import MicFrame
+from .input_turns import InputTurns
 from .microphone import Microphone
 from .phase import Move, Phase, next_phase
 from .procedures import Plan, Procedure, Procedures
 from .settlement import DEFAULT_FENCE
-from .turns import TurnLedger, Verdict
+from .turns import TurnLedger
 from .typed import TypedJobs
 from .work import (
     Cancel,
@@ -133,7 +131,7 @@ class SessionCore:
     (``prefilled``, ``prefill_failed``, ``synthesis_done``, ``synthesis_failed``), ``abort_session`` and
     ``disconnect``; the properties are read-only views. ``emit``, ``fatal``, ``dispatch``, ``work`` and the
     ``inject_next`` / ``eos_next`` controls serve the session's own collaborators (procedures, typed jobs,
-    function cycles, the conversation)."""
+    function cycles, the conversation, input turns)."""
 
     def __init__(self, config: SessionConfig | None = None) -> None:
         self.config = config = config or SessionConfig()
@@ -142,6 +140,7 @@ class SessionCore:
         self.turns = TurnLedger()
         self.work = WorkQueue()
         self.microphone = Microphone(config, self.work)
+        self.input_turns = InputTurns(self)
         self.phase = Phase.OPEN
         self.closed = False
         """``phase is Phase.CLOSED``, kept by :meth:`_move` (read on every step)."""
@@ -405,11 +404,11 @@ class SessionCore:
     def dispatch(self, command: Command) -> None:
         match command:
             case AppendAudio():
-                self._on_append(command)
+                self.input_turns.append(command)
             case StartTurn():
-                self._on_start(command)
+                self.input_turns.start(command)
             case CommitTurn():
-                self._on_commit(command)
+                self.input_turns.commit(command)
             case RequestTypedInput():
                 self.typed.request(command)
             case Configure():
@@ -419,9 +418,9 @@ class SessionCore:
             case SubmitFunctionOutput():
                 self.functions.submit(command)
             case CommitInput():
-                self._on_commit_input(command)
+                self.input_turns.commit_input(command)
             case ClearInput():
-                self._on_clear_input(command)
+                self.input_turns.clear_input(command)
             case CancelResponse():
                 # Ahead of queued input: the cancel runs right after the position in flight.
                 self.work.appendleft(Cancel(command))
@@ -443,73 +442,6 @@ class SessionCore:
             return
         self._configs.append(cmd)
         self.emit(Prefill(cmd.prompt))
-
-    def _on_append(self, cmd: AppendAudio) -> None:
-        if not self.configured:
-            self.emit(Error("session_not_configured", "send session.update before audio", False, cmd.client_event_id))
-            return
-        if self.typed.job is not None:
-            return  # server-side half duplex while a typed job runs
-        if self.microphone.backlogged(len(cmd.pcm)):
-            limit = self.config.max_queued_input_frames
-            self.emit(Error("input_backpressure", f"more than {limit} input frames are waiting for the model; "
-                            "audio refused (send in real time)", False, cmd.client_event_id,
-                            {"max_queued_input_frames": limit}))
-            return
-        for frame, preroll in self.microphone.push(cmd.pcm):
-            self.conversation.emit_gated_metrics(frame, preroll)
-
-    def _runs(self, verdict: Verdict, ack: type[TurnStarted] | type[TurnCommitted],
-              cmd: StartTurn | CommitTurn) -> bool:
-        """Whether a barrier runs: a remembered one is re-acknowledged in order, a conflicting one is fatal."""
-        if verdict.action == "reack":
-            assert verdict.turn_id is not None
-            self.work.append(Reack(ack(verdict.turn_id, cmd.client_turn_id, cmd.client_event_id)))
-            return False
-        if verdict.action == "conflict":
-            self.fatal("input_turn_conflict", verdict.message, client_event_id=cmd.client_event_id,
-                       details=verdict.details)
-            return False
-        return True
-
-    def _on_start(self, cmd: StartTurn) -> None:
-        verdict = self.turns.check_start(cmd.client_turn_id, typed_active=self.typed.job is not None)
-        if not self._runs(verdict, TurnStarted, cmd):
-            return
-        if not self.configured:
-            self.emit(Error("session_not_configured", "send session.update before turn_start", False,
-                            cmd.client_event_id))
-            return
-        turn_id = self.conversation.new_turn_id()
-        self.turns.start(cmd.client_turn_id, turn_id)
-        self.work.append(OpenTurn(cmd, turn_id))
-        self.microphone.open()
-
-    def _on_commit(self, cmd: CommitTurn) -> None:
-        if not self._runs(self.turns.check_commit(cmd.client_turn_id), TurnCommitted, cmd):
-            return
-        turn_id = self.turns.commit(cmd.client_turn_id)
-        self.microphone.pad_turn()
-        self.work.append(CommitClientTurn(cmd, turn_id))
-
-    def _on_commit_input(self, cmd: CommitInput) -> None:
-        if not self.configured:
-            self.emit(Error("session_not_configured", "send session.update before committing", False,
-                            cmd.client_event_id))
-            return
-        self.microphone.end_input()
-        self.work.append(EndInput(cmd))
-
-    def _on_clear_input(self, cmd: ClearInput) -> None:
-        self.microphone.clear()
-        conv = self.conversation
-        conv.pending_transcript = ""
-        turn = conv.input_turn
-        if turn is not None and turn.source == "microphone" and not turn.settling:
-            conv.input_turn = None
-            self.last_turn_outcome = "cleared"
-            self.emit(SpeechStopped(turn.turn_id, "microphone", None))
-            self.emit(InputCleared(turn.turn_id))
 
     def _on_stop(self, cmd: Stop) -> None:
         self._move(Move.STOP)

@@ -27,18 +27,14 @@ R6  endings: after a fatal error only ``session.closed`` (v3: for the codes the 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import json
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Literal
 
-Dialect = Literal["v3", "tiered", "tiered-openai"]
+from .rejections import BINARY, INVALID, Owed, echo_key, expected_text, is_int, predict_tiered, predict_v3
 
-MAX_V3_APPEND_BYTES = 40_960  # contract §4 rule 7
-TIERED_MAX_FRAME_BYTES = 15 * 1024 * 1024
+Dialect = Literal["v3", "tiered", "tiered-openai"]
 
 # v3 close codes per fatal code (contract §11); every other fatal code closes 1011.
 _V3_CLOSE = {
@@ -57,24 +53,6 @@ _V3_CLOSED_AFTER_FATAL = frozenset(
 _PROTOCOL_VIOLATIONS = frozenset(
     {"unsupported_protocol_version", "invalid_event_id", "invalid_client_turn_id", "input_turn_conflict",
      "deferred_input_overflow"}
-)
-
-V3_CLIENT_TYPES = frozenset(
-    {"session.update", "input_audio_buffer.append", "input_audio_buffer.turn_start", "input_audio_buffer.commit",
-     "input_text.request", "conversation.item.create", "session.stop"}
-)
-TIERED_CLIENT_TYPES = frozenset(
-    {"audio.playback_ack", "barge_in", "close", "close_session", "conversation.item.create",
-     "conversation.item.delete", "conversation.item.retrieve", "conversation.item.truncate", "input.cancel",
-     "input.commit", "input.text.append", "input_audio_buffer.append", "input_audio_buffer.clear",
-     "input_audio_buffer.commit", "input_text.append", "output_audio_buffer.clear", "playback.ack", "push_text",
-     "response.cancel", "response.create", "session.close", "session.event_ack", "session.heartbeat",
-     "session.resume", "session.update", "signal_turn", "turn.signal"}
-)
-_TIERED_CLOSE_TYPES = frozenset({"session.close", "close", "close_session"})
-_V3_APPEND_CODES = frozenset(
-    {"unsupported_audio_encoding", "unsupported_sample_rate", "unsupported_channel_count", "empty_audio",
-     "invalid_audio", "audio_packet_too_large"}
 )
 
 # Response-scoped server events: they name a response that must be open.
@@ -114,32 +92,6 @@ def _guarded(method):
     return wrapper
 
 
-def _key(value: Any) -> str:
-    """A hashable, NaN-safe identity for an echoed id (ids may be any JSON value)."""
-    try:
-        return json.dumps(value, sort_keys=True, allow_nan=True)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-@dataclass(slots=True)
-class _Owed:
-    index: int
-    type: str
-    codes: frozenset[str]
-    """Acceptable error codes (empty: a typed answer is owed instead)."""
-    echo: Any
-    """The id the answer must echo (None: no echo)."""
-    deferrable: bool = False
-    """May be answered after later events (a v3 typed request waiting for the previous job)."""
-    job: str | None = None
-    answered: bool = False
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 class TraceChecker:
     """Checks one socket stream (``stream="socket"``) or a client's de-duplicated session view (``"session"``)."""
 
@@ -171,7 +123,7 @@ class TraceChecker:
         self._completed: set[str] = set()
         self._barriers: dict[tuple[str, str, int], int] = {}  # (ack type, event id key, turn) -> unacked count
         # rejections
-        self._owed: list[_Owed] = []
+        self._owed: list[Owed] = []
         self._sent_ids: dict[str, int] = {}  # echo key -> index of the first client event carrying it
         self._job_ids: set[str] = set()
         self._stops: list[int] = []  # indexes of session.stop / session.close
@@ -218,7 +170,7 @@ class TraceChecker:
             if not owed.answered:
                 owed.answered = True
                 self._fail(f"client event #{owed.index} ({owed.type}) was never answered "
-                           f"({self._expected_text(owed)})")
+                           f"({expected_text(owed)})")
 
     def skip_to(self, seq: int) -> None:
         """The client deliberately skipped ahead (resumed from a cursor beyond what it received): the next
@@ -232,7 +184,7 @@ class TraceChecker:
         self.client_count += 1
         obj: Any
         if isinstance(message, (bytes, bytearray, memoryview)):
-            obj, raw = _BINARY, bytes(message)
+            obj, raw = BINARY, bytes(message)
         elif isinstance(message, dict):
             obj, raw = message, None
         else:
@@ -240,22 +192,25 @@ class TraceChecker:
             try:
                 obj = json.loads(message, parse_constant=_no_constant) if self.dialect == "tiered" else json.loads(message)
             except (ValueError, RecursionError):
-                obj = _INVALID
+                obj = INVALID
         if self.dialect == "tiered" and index == 0 and isinstance(obj, dict) and obj.get("type") == "session.resume":
             cursor = obj.get("last_received_server_event_seq", 0)
             self._resumed = True
             if self.stream == "socket":
-                self._next_seq = (cursor + 1) if _is_int(cursor) and cursor >= 0 else None
+                self._next_seq = (cursor + 1) if is_int(cursor) and cursor >= 0 else None
         self._log.append(f"C#{index} {_describe(obj, raw)}")
         if isinstance(obj, dict):
             eid = obj.get("event_id")
             if eid is not None:
-                self._sent_ids.setdefault(_key(eid), index)
+                self._sent_ids.setdefault(echo_key(eid), index)
             if "job_id" in obj:
-                self._job_ids.add(_key(obj.get("job_id")))
+                self._job_ids.add(echo_key(obj.get("job_id")))
         if self._terminal is not None or self._fatal is not None or self.transport_done:
             return  # the session is over: nothing is owed
-        owed = (self._predict_v3 if self.dialect == "v3" else self._predict_tiered)(index, obj, raw)
+        if self.dialect == "v3":
+            owed = predict_v3(index, obj, self._barriers, self._stops)
+        else:
+            owed = predict_tiered(index, obj, raw, self._stops)
         if owed is not None:
             if len(self._owed) >= 256:  # keep the scans short on long traces: answered entries are inert
                 self._owed = [o for o in self._owed if not o.answered]
@@ -321,98 +276,7 @@ class TraceChecker:
                 self._fail(f"close code {code} after {self._terminal or self._fatal}; the contract says {want}")
         self.finish()
 
-    # ================================================================ predictions (rule R5)
-
-    def _predict_v3(self, index: int, obj: Any, raw: Any) -> _Owed | None:
-        if obj is _BINARY:
-            return _Owed(index, "<binary>", frozenset({"binary_audio_unsupported"}), None)
-        if obj is _INVALID:
-            return _Owed(index, "<invalid json>", frozenset({"invalid_json"}), None)
-        if not isinstance(obj, dict):
-            return _Owed(index, "<not an object>", frozenset({"invalid_event"}), None)
-        type_ = obj.get("type")
-        eid = obj.get("event_id")
-        echo = eid if (isinstance(eid, str) or _is_int(eid)) else None
-        name = type_ if isinstance(type_, str) else "<no type>"
-        if not isinstance(type_, str) or type_ not in V3_CLIENT_TYPES:
-            return _Owed(index, name, frozenset({"unsupported_event"}), echo)
-        if type_ == "input_audio_buffer.append":
-            code = _v3_append_code(obj)
-            return None if code is None else _Owed(index, type_, frozenset({code, "session_not_configured"}), echo)
-        if type_ in ("input_audio_buffer.turn_start", "input_audio_buffer.commit"):
-            if not isinstance(eid, str) or not eid:
-                return _Owed(index, type_, frozenset({"invalid_event_id"}), None)
-            turn = obj.get("client_turn_id")
-            if not _is_int(turn) or turn < 1:
-                return _Owed(index, type_, frozenset({"invalid_client_turn_id"}), eid)
-            ack = "input_audio_buffer.turn_started" if type_.endswith("turn_start") else "input_audio_buffer.committed"
-            slot = (ack, _key(eid), turn)
-            self._barriers[slot] = self._barriers.get(slot, 0) + 1
-            return None
-        if type_ == "conversation.item.create":
-            item = obj.get("item")
-            if not isinstance(item, dict) or item.get("type") != "function_call_output":
-                return _Owed(index, type_, frozenset({"invalid_conversation_item"}), echo)
-            return None
-        if type_ == "session.update":
-            if not isinstance(obj.get("session"), dict):
-                return _Owed(index, type_, frozenset({"invalid_session_update", "settings_locked"}), echo)
-            return None
-        if type_ == "input_text.request":
-            return _Owed(index, type_, frozenset(), echo, deferrable=True, job=_key(obj.get("job_id")))
-        if type_ == "session.stop":
-            self._stops.append(index)
-        return None
-
-    def _predict_tiered(self, index: int, obj: Any, raw: Any) -> _Owed | None:
-        if obj is _BINARY:
-            code = "event_too_large" if len(raw) > TIERED_MAX_FRAME_BYTES else "bad_event"
-            return _Owed(index, "<binary>", frozenset({code}), None)
-        if isinstance(raw, str) and len(raw.encode("utf-8", "surrogatepass")) > TIERED_MAX_FRAME_BYTES:
-            return _Owed(index, "<too large>", frozenset({"event_too_large"}), None)
-        if obj is _INVALID:
-            return _Owed(index, "<invalid json>", frozenset({"invalid_json"}), None)
-        if not isinstance(obj, dict):
-            return _Owed(index, "<not an object>", frozenset({"bad_event"}), None)
-        eid = obj.get("event_id")
-        type_ = obj.get("type")
-        name = type_ if isinstance(type_, str) and type_ else "<no type>"
-        if eid is not None and not isinstance(eid, str):
-            return _Owed(index, name, frozenset({"bad_event"}), None)
-        if not isinstance(type_, str) or not type_:
-            return _Owed(index, name, frozenset({"bad_event"}), eid)
-        if type_ not in TIERED_CLIENT_TYPES:
-            return _Owed(index, type_, frozenset({"unknown_event"}), eid)
-        if type_ == "session.resume" and index > 0:
-            return _Owed(index, type_, frozenset({"unsupported_session_resume", "invalid_session_resume"}), eid)
-        if type_ == "input_audio_buffer.append":
-            audio = obj.get("audio")
-            if audio is None and obj.get("video_frames") is None:
-                return _Owed(index, type_, frozenset({"bad_event"}), eid)
-            if audio is not None and not isinstance(audio, str):
-                return _Owed(index, type_, frozenset({"bad_event"}), eid)
-            plain = all(obj.get(k) is None for k in ("format", "input_audio_format", "sample_rate_hz",
-                                                     "sample_rate", "video_frames", "is_speech"))
-            if plain and isinstance(audio, str) and not _strict_b64(audio):
-                return _Owed(index, type_, frozenset({"bad_audio"}), eid)
-            return None
-        if type_ == "session.update" and "session" in obj and not isinstance(obj["session"], dict):
-            return _Owed(index, type_, frozenset({"bad_event"}), eid)
-        if type_ == "session.event_ack":
-            seq = obj.get("server_event_seq")
-            if not _is_int(seq) or seq < 0:
-                return _Owed(index, type_, frozenset({"invalid_event_ack"}), eid)
-            return None
-        if type_ in _TIERED_CLOSE_TYPES:
-            self._stops.append(index)
-        return None
-
-    @staticmethod
-    def _expected_text(owed: _Owed) -> str:
-        if owed.job is not None:
-            return f"input_text.accepted/rejected for job_id {owed.job}"
-        echo = "" if owed.echo is None else f" echoing {owed.echo!r}"
-        return f"error {'|'.join(sorted(owed.codes))}{echo}"
+    # ================================================================ order of answers (rule R5)
 
     def _proof(self, index: int, where: str) -> None:
         """The server answered client event ``index``: every earlier non-deferrable owed answer is overdue."""
@@ -422,7 +286,7 @@ class TraceChecker:
             if not owed.answered and not owed.deferrable:
                 owed.answered = True
                 self._fail(f"{where}: client event #{owed.index} ({owed.type}) was not answered before this answer "
-                           f"to #{index} (owed {self._expected_text(owed)})")
+                           f"to #{index} (owed {expected_text(owed)})")
 
     # ================================================================ server events
 
@@ -464,7 +328,7 @@ class TraceChecker:
     def _tiered_stream(self, where: str, type_: str, event: dict) -> None:
         seq = event.get("server_event_seq")
         if seq is not None:
-            if not _is_int(seq):
+            if not is_int(seq):
                 self._fail(f"{where}: server_event_seq {seq!r} is not an integer")
             elif self._next_seq is None:
                 self._next_seq = seq + 1
@@ -535,7 +399,7 @@ class TraceChecker:
         type_ = event["type"]
         cid = event.get("client_event_id")
         turn_no = event.get("client_turn_id")
-        slot = (type_, _key(cid), turn_no if _is_int(turn_no) else -1)
+        slot = (type_, echo_key(cid), turn_no if is_int(turn_no) else -1)
         if self._barriers.get(slot, 0) < 1:
             self._fail(f"{where}: acks client_event_id {cid!r} / client_turn_id {turn_no!r}, which no unacknowledged "
                        "client barrier of that type carried (one ack per barrier)")
@@ -557,7 +421,7 @@ class TraceChecker:
         self._completed.add(event.get("turn_id"))  # type: ignore[arg-type]
 
     def _on_typed_answer(self, where: str, event: dict) -> None:
-        job = _key(event.get("job_id"))
+        job = echo_key(event.get("job_id"))
         for owed in self._owed:
             if owed.job == job and not owed.answered:
                 owed.answered = True
@@ -567,12 +431,12 @@ class TraceChecker:
 
     def _answered_echo(self, where: str, echo: Any, code: str | None) -> bool:
         """Match an answer echoing ``echo`` (an error's ``code``) to the oldest owed event it answers."""
-        key = _key(echo)
+        key = echo_key(echo)
         refused = code in _REFUSALS
         for owed in self._owed:
             if owed.answered or (owed.job is not None and not refused):
                 continue
-            if (owed.echo is None) != (echo is None) or (echo is not None and _key(owed.echo) != key):
+            if (owed.echo is None) != (echo is None) or (echo is not None and echo_key(owed.echo) != key):
                 continue
             if code is not None and code not in owed.codes and not refused:
                 continue
@@ -586,7 +450,7 @@ class TraceChecker:
 
     def _prove_id(self, where: str, echo: Any) -> None:
         """An answer echoing ``echo``: the first client event that carried it was processed (ids may repeat)."""
-        index = self._sent_ids.get(_key(echo)) if echo is not None else None
+        index = self._sent_ids.get(echo_key(echo)) if echo is not None else None
         if index is not None:
             self._proof(index, where)
 
@@ -607,7 +471,7 @@ class TraceChecker:
         else:
             fatal = body.get("retryable") is False
             echo = body.get("event_id")
-        if (echo is not None and _key(echo) not in self._sent_ids and _key(echo) not in self._job_ids
+        if (echo is not None and echo_key(echo) not in self._sent_ids and echo_key(echo) not in self._job_ids
                 and not self._resumed):  # a resumed socket replays answers to events of earlier sockets
             self._fail(f"{where}: error {code} echoes {echo!r}, which the client never sent")
         matched = self._answered_echo(where, echo, code)
@@ -615,7 +479,7 @@ class TraceChecker:
             self._prove_id(where, echo)
         if not matched and echo is not None:
             for owed in self._owed:  # the right event, the wrong code
-                if not owed.answered and owed.echo is not None and _key(owed.echo) == _key(echo) and owed.codes:
+                if not owed.answered and owed.echo is not None and echo_key(owed.echo) == echo_key(echo) and owed.codes:
                     owed.answered = True
                     self._fail(f"{where}: client event #{owed.index} ({owed.type}) answered with {code}, "
                                f"expected {'|'.join(sorted(owed.codes))}")
@@ -696,14 +560,10 @@ class TraceChecker:
             self._handshake_end(where, "a resume refused with session.resync_required", frozenset({1000}))
 
 
-_INVALID = object()
-_BINARY = object()
-
-
 def _describe(obj: Any, raw: Any) -> str:
-    if obj is _BINARY:
+    if obj is BINARY:
         return f"<binary {len(raw)} B>"
-    if obj is _INVALID:
+    if obj is INVALID:
         return "<invalid json>"
     if not isinstance(obj, dict):
         return f"<{type(obj).__name__}>"
@@ -725,47 +585,13 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _strict_b64(text: str) -> bool:
-    try:
-        base64.b64decode(text.encode("ascii"), validate=True)
-    except (binascii.Error, ValueError, UnicodeEncodeError):
-        return False
-    return True
-
-
-def _v3_append_code(msg: dict) -> str | None:
-    """The code the contract's append validation (§4, checks 2-7) gives, or None for a valid append."""
-    if msg.get("encoding") != "pcm16":
-        return "unsupported_audio_encoding"
-    rate = msg.get("sample_rate")
-    if not (_is_int(rate) and rate == 16_000):
-        return "unsupported_sample_rate"
-    channels = msg.get("channels")
-    if not (_is_int(channels) and channels == 1):
-        return "unsupported_channel_count"
-    audio = msg.get("audio")
-    if audio is None or audio == "":
-        return "empty_audio"
-    if not isinstance(audio, str):
-        return "invalid_audio"
-    try:
-        pcm = base64.b64decode(audio.encode("ascii"), validate=True)
-    except (binascii.Error, ValueError, UnicodeEncodeError):
-        return "invalid_audio"
-    if len(pcm) % 2:
-        return "invalid_audio"
-    if len(pcm) > MAX_V3_APPEND_BYTES:
-        return "audio_packet_too_large"
-    return None
-
-
 def _epoch_of(event: dict) -> int | None:
     """The epoch a tiered event declares (top level, ``metadata`` or ``response.metadata``); GA renders strings."""
     for holder in (event, event.get("metadata"), (event.get("response") or {}).get("metadata")
                    if isinstance(event.get("response"), dict) else None):
         if isinstance(holder, dict) and "epoch" in holder:
             value = holder["epoch"]
-            if _is_int(value):
+            if is_int(value):
                 return value
             if isinstance(value, str) and value.isdigit():
                 return int(value)

@@ -3,8 +3,9 @@
 It drives a :class:`~vllm_omni_voicechat.session.core.SessionCore` in the model-owned turn policy with the driving
 interface of ``shell/driving.py`` (so the same hosts drive it), turns client events into core commands and
 projector calls, and stamps and journals what the projector renders. What outlives a socket (journal, credential,
-grace and idle TTL) is the lease's (``lease.py``). Outputs are :class:`Outbound` texts (stamped with
-``server_event_seq`` where journaled), core effects and :class:`CloseTransport`.
+grace and idle TTL) is the lease's (``lease.py``); the input audio buffer (``input_buffer.py``), what answers a turn
+(``turn_answer.py``) and how the socket closes (``closing.py``) are their own. Outputs are :class:`Outbound` texts
+(stamped with ``server_event_seq`` where journaled), core effects and :class:`CloseTransport`.
 """
 
 from __future__ import annotations
@@ -23,22 +24,24 @@ from ...session.commands import (
     CommitInput,
     Configure,
     RequestTypedInput,
-    RespondNow,
     Stop,
     SubmitFunctionOutput,
 )
 from ...session.core import SessionCore, Tick
-from ..transport import CloseTransport, Outbound, close_reason
+from ..transport import CloseTransport, Outbound
 from . import parser as p
 from . import session_events as se
-from .audio import AudioFormatError, InputConverter
+from .audio import InputConverter
+from .closing import Closing
+from .input_buffer import InputBuffer
 from .journal import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, InvalidAck, Journal, ResyncRequired
 from .lease import Lease, Reattached, ResumeRefused
 from .outgoing import Outgoing
 from .projector import Refused, TieredProjector, WireEvent
 from .response_options import unservable_response_options
-from .schema import CLOSE_NORMAL, DISCONNECT_GRACE_S, MAX_PENDING_INPUT_BYTES, capabilities, close_code_for
+from .schema import DISCONNECT_GRACE_S, MAX_PENDING_INPUT_BYTES, capabilities
 from .settings import SessionSettings, SettingsError, apply_update, default_settings, render_session
+from .turn_answer import TurnAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,29 +91,18 @@ class TieredSession:
                            journal_ttl_s=o.journal_ttl_s, ids=o.ids)
         self.outgoing = Outgoing(self.session_id, tier3=self.tier3, journal=self.lease.journal)
         self._emit = self.outgoing.send  # the send path: stamped, filtered, held or journaled (bound once, it is hot)
-        self._converter = InputConverter(self.settings.input_format, self.settings.input_rate)
+        self.input_buffer = InputBuffer(self.settings.input_format, self.settings.input_rate,
+                                        o.max_pending_input_bytes)
         self._expired = False
-        self._close_sent = False
-        self._close_code: int | None = None
-        self._transport_reason = ""  # the close frame's reason: the fatal code, else the session.closed reason
-        self._pending_input: list[Any] = []
-        self._pending_bytes = 0
-        self._uncommitted = 0
-        self._staged_text: tuple[str, str] | None = None  # (item_id, text) waiting for response.create
+        self.closing = Closing()
         self._typed_seq = 0
         self._published_calls: set[str] = set()
         self._answered_calls: set[str] = set()
         self._audio_out = False
         self._requested_prompt: SessionPrompt | None = None
         self._config_acks: list[bool] = []  # per Configure sent: whether a client update waits for session.updated
-        self._close_reason = "client_close"
         self._autostart_prefill = False
-        self._awaiting_create = False
-        # OpenAI lane, model-owned turns: an answer the model opens by itself (a response.create meanwhile is
-        # absorbed). Due from the turn's commit until its response.created; then that response's wire id.
-        self._answer_due = False
-        self._self_answer: str | None = None
-        self._create_waiting: tuple[Any] | None = None  # (event id,) of a create whose commit is still settling
+        self.answer = TurnAnswer()
 
     def _new_projector(self) -> TieredProjector:
         s = self.settings
@@ -124,7 +116,7 @@ class TieredSession:
                                  modalities=s.output_modalities, commit_policy=s.playback_commit_policy,
                                  overlap_policy=s.overlap_policy)
         if (old.input_format, old.input_rate) != (s.input_format, s.input_rate):
-            self._converter = InputConverter(s.input_format, s.input_rate)
+            self.input_buffer.converter = InputConverter(s.input_format, s.input_rate)
         self.core.tune_turn_taking(auto_eou=s.model_eou, eou_blank_frames=s.eou_blank_frames)
 
     # What outlives a socket is the lease's: these are its views.
@@ -233,8 +225,7 @@ class TieredSession:
             out += self._emit([se.session_expired(self.session_id, reason)], now)
         out += self.core.disconnect(now)
         self._expired = True
-        out.append(CloseTransport(CLOSE_NORMAL, close_reason(reason)))
-        self._close_sent = True
+        out.append(self.closing.expired(reason))
         return out
 
     def resume(self, request: p.SessionResume, now: float) -> ResumeOutcome:
@@ -299,7 +290,7 @@ class TieredSession:
         return []
 
     def _close(self, e: p.SessionClose, now: float) -> list[TieredOutput]:
-        self._close_reason = e.reason
+        self.closing.client_reason = e.reason
         return self._project(self.core.receive(Stop(e.event_id), now), now)
 
     def _resume_late(self, e: p.SessionResume, now: float) -> list[TieredOutput]:
@@ -307,60 +298,38 @@ class TieredSession:
                             e.event_id, None, now)
 
     def _append(self, e: p.InputAudioBufferAppend, now: float) -> list[TieredOutput]:
-        if e.audio is None:
-            return []  # video frames only: accepted and ignored
-        fmt = e.format or self.settings.input_format
-        rate = e.sample_rate_hz or self.settings.input_rate
-        try:
-            if (fmt, rate) != (self._converter.format, self._converter.sample_rate):
-                self._converter = InputConverter(fmt, rate)
-            pcm = self._converter.feed(e.audio)
-        except AudioFormatError as exc:
-            return self._error(exc.code, str(exc), e.event_id, exc.param, now)
-        self._uncommitted += len(e.audio)
-        if not pcm:
+        # OpenAI clients stream right after connecting: audio is held until the prompt is prefilled.
+        appended = self.input_buffer.append(e, self.settings, held=not self.core.configured)
+        if isinstance(appended, Refused):
+            return self._error(appended.code, appended.message, e.event_id, appended.param, now)
+        if appended is None:
             return []
-        command = AppendAudio(pcm, e.event_id, len(e.audio))
-        if not self.core.configured:
-            # OpenAI clients stream right after connecting: hold audio until the prompt is prefilled.
-            if self._pending_bytes + len(pcm) > self.options.max_pending_input_bytes:
-                return self._error("input_backpressure", "too much audio before the session was ready",
-                                    e.event_id, None, now)
-            self._pending_input.append(command)
-            self._pending_bytes += len(pcm)
-            return []
-        return self._project(self.core.receive(command, now), now)
+        return self._project(self.core.receive(appended, now), now)
 
     def _commit(self, e: p.InputAudioBufferCommit, now: float) -> list[TieredOutput]:
         if e.is_speech is False and not self.core.microphone_turn_open:
             # The client says the buffer holds no speech: drop it and decide to listen (§2).
-            self._uncommitted = 0
-            self._converter.clear()
+            self.input_buffer.drop()
             out = self._project(self.core.receive(ClearInput(e.event_id), now), now)
             return out + self._emit([self.projector.listen("silence_or_noise")], now)
-        if not self._uncommitted and not self.core.microphone_turn_open:
+        if not self.input_buffer.uncommitted and not self.core.microphone_turn_open:
             if self.core.last_turn_outcome == "eou":
                 return []  # the model-owned EOU already took this audio
             return self._error("input_audio_buffer_empty", "no audio to commit", e.event_id, None, now)
-        self._uncommitted = 0
         out: list[TieredOutput] = []
-        tail = self._converter.flush()
+        tail = self.input_buffer.commit()
         if tail:
             out += self._submit(AppendAudio(tail, e.event_id), now)
         # Client-owned turns (OpenAI lane, turn_detection null) and auto_response:false: the commit settles the
         # turn and holds its EOU; response.create fires it. Otherwise the commit forces the model's own EOU.
         respond = self.settings.model_eou
-        self._awaiting_create = not respond
-        self._answer_due = respond and not self.tier3
+        self.answer.committed(respond=respond, openai=not self.tier3)
         # Before the first prefill is done the commit waits behind the audio it commits.
         out += self._submit(CommitInput(e.event_id, respond=respond), now)
         return out
 
     def _clear(self, e: p.InputAudioBufferClear, now: float) -> list[TieredOutput]:
-        self._converter.clear()
-        self._uncommitted = 0
-        self._pending_input.clear()
-        self._pending_bytes = 0
+        self.input_buffer.clear()
         out = self._project(self.core.receive(ClearInput(e.event_id), now), now)
         return out + self._emit([se.input_cleared()], now)
 
@@ -376,7 +345,7 @@ class TieredSession:
     def _submit(self, command: Any, now: float) -> list[TieredOutput]:
         """Input before the first prefill finished waits for it (OpenAI clients do not wait for readiness)."""
         if not self.core.configured:
-            self._pending_input.append(command)
+            self.input_buffer.hold(command)
             return []
         return self._project(self.core.receive(command, now), now)
 
@@ -389,11 +358,9 @@ class TieredSession:
             return self._error("bad_event", f"unsupported item type {kind!r}", e.event_id, "item.type", now)
         role = item.get("role", "user")
         content = item.get("content") if isinstance(item.get("content"), list) else []
-        texts = [c.get("text") for c in content if isinstance(c, dict) and c.get("type") in ("input_text", "text")]
         item_id = item.get("id") if isinstance(item.get("id"), str) else f"item_text_{self.outgoing.next_id()}"
         events = self.projector.add_client_item(item_id, role, content)
-        if role == "user" and any(isinstance(t, str) and t for t in texts):
-            self._staged_text = (item_id, " ".join(t for t in texts if isinstance(t, str) and t))
+        self.answer.stage_text(item_id, role, content)
         return self._emit(events, now)
 
     def _function_output(self, e: p.ConversationItemCreate, now: float) -> list[TieredOutput]:
@@ -432,31 +399,18 @@ class TieredSession:
             refused = unservable_response_options(e, self.settings)
             if refused is not None:
                 return self._error(refused.code, refused.message, e.event_id, refused.param, now)
-        if self._staged_text is not None:
-            item_id, text = self._staged_text
-            self._staged_text = None
-            return self._submit(RequestTypedInput(item_id, text, e.event_id), now)
-        if self._awaiting_create:
-            self._awaiting_create = False
-            self._create_waiting = (e.event_id,)  # until its commit is settled (see _unheard_commit)
-            return self._submit(RespondNow(e.event_id), now)  # behind a commit still waiting for the prefill
+        command = self.answer.create(e.event_id)
+        if command is not None:
+            return self._submit(command, now)  # behind a commit or the first prefill still in flight
         if self.projector.pending_create or self.core.cycle is not None:
             return []  # answered by the post-tool response B
-        if not self.tier3 and self.settings.model_eou and self._answering():
+        if not self.tier3 and self.settings.model_eou and self.answer.answering(self.projector.active,
+                                                                         self.core.microphone_turn_settling):
             return []  # the model's own end of turn answers (being opened or open): nothing more to start
         if self.projector.active is not None:
             return self._error("response_already_active", "a response is in progress", e.event_id, None, now)
         return self._error("response_create_without_input", "nothing to respond to: commit audio or add text first",
                             e.event_id, None, now)
-
-    def _answering(self) -> bool:
-        """The model answers a turn by itself: its answer is due, or open, or the turn is still settling."""
-        if self._answer_due:
-            return True
-        active = self.projector.active
-        if active is not None and active.id == self._self_answer:
-            return True
-        return self.core.microphone_turn_settling
 
     def _response_cancel(self, e: p.ResponseCancel, now: float) -> list[TieredOutput]:
         active = self.projector.active
@@ -544,63 +498,29 @@ class TieredSession:
             if isinstance(o, ev.AudioDelta):
                 self._audio_out = True
                 self.lease.touch(now)
-            elif not self.tier3 and type(o) in _TURN_EVENTS and self._openai_turns(o):
+            elif not self.tier3 and self.answer.hides(o, self.settings):
                 continue
             barge_in = (isinstance(o, ev.SpeechStarted) and o.source == "microphone"
                         and self.projector.active is not None and self.settings.overlap_policy == "barge_in_on_speech")
             events = self.projector.project(o)
-            if isinstance(o, ev.ResponseCreated) and self._answer_due and self.projector.active is not None:
-                self._answer_due, self._self_answer = False, self.projector.active.id
             if isinstance(o, ev.ResponseCreated):
-                self._create_waiting = None
+                self.answer.created(self.projector.active)
             elif isinstance(o, ev.ListenDecision) and not self.tier3 and o.reason == "silence_or_noise":
-                events += self._unheard_commit(o)
+                events += self.answer.unheard_commit(o)
             if barge_in:  # server_vad: speech during a response interrupts it at once (an epoch cancel)
                 wire += self._emit(events, now)
                 wire += self._cancel("barge_in", now)
                 continue
             if isinstance(o, ev.SessionClosed):
-                reason = self._close_reason if o.reason == "client_stop" else o.reason
+                reason = self.closing.session_closed(o.reason)
                 events.append(se.session_closed(self.session_id, self.projector.epoch, reason))
-                if self._close_code is None:
-                    self._close_code = CLOSE_NORMAL
-                    self._transport_reason = reason
-            elif isinstance(o, ev.Error) and o.fatal and self._close_code is None:
-                self._close_code = close_code_for(o.code)
-                self._transport_reason = o.code
+            elif isinstance(o, ev.Error) and o.fatal and self.closing.failed(o.code):
                 if not any(isinstance(x, ev.SessionClosed) for x in outputs):
                     events.append(se.session_closed(self.session_id, self.projector.epoch, o.code))
             wire += self._emit(events, now)
-        if self.core.closed and not self._close_sent and self._close_code is not None:
-            self._close_sent = True
-            wire.append(CloseTransport(self._close_code, close_reason(self._transport_reason)))
+        if self.core.closed:
+            wire += self.closing.transport()
         return wire
-
-    def _openai_turns(self, o: ev.Output) -> bool:
-        """OpenAI lane bookkeeping of who answers a turn; True for events client-owned turns never show: OpenAI
-        sends no speech events without turn detection, and the transcript comes with the commit."""
-        if isinstance(o, (ev.SpeechStarted, ev.SpeechStopped, ev.TranscriptDelta)):
-            return o.source == "microphone" and self.settings.client_turns
-        if isinstance(o, ev.TranscriptCompleted):
-            if o.source == "microphone" and o.transcript:
-                self._answer_due = self.settings.model_eou
-                self._create_waiting = None
-        elif isinstance(o, (ev.ListenDecision, ev.FunctionCallPublished)):
-            self._answer_due = False
-        return False
-
-    def _unheard_commit(self, o: ev.ListenDecision) -> list[WireEvent]:
-        """OpenAI lane: a commit whose audio held no speech the model heard ends as a listen decision, which
-        the lane cannot show (``response.listen`` is Tier 3). The client is told, and a ``response.create`` already
-        sent for it is answered too, instead of waiting for a response that never comes."""
-        out = [se.error_event("input_audio_buffer_empty", "the committed audio holds no speech the model heard; "
-                              "nothing was committed", event_id=o.client_event_id)]
-        if self._create_waiting is not None:
-            out.append(se.error_event("response_create_without_input", "nothing to respond to: the committed "
-                                      "audio held no speech", event_id=self._create_waiting[0]))
-        self._awaiting_create = False
-        self._create_waiting = None
-        return out
 
     def _configured(self, o: ev.SessionConfigured, now: float) -> list[TieredOutput]:
         ack = self._config_acks.pop(0) if self._config_acks else False
@@ -611,8 +531,7 @@ class TieredSession:
             out += self.outgoing.release_held(now)
         elif ack:
             out += self._emit([se.session_event("session.updated", self._session_object())], now)
-        pending, self._pending_input, self._pending_bytes = self._pending_input, [], 0
-        for command in pending:
+        for command in self.input_buffer.take_held():
             out += self._project(self.core.receive(command, now), now)
         if self.settings.initial_user_text and self._typed_seq == 0:
             self._typed_seq += 1
@@ -620,10 +539,6 @@ class TieredSession:
                 self.core.receive(RequestTypedInput("initial_user_text", self.settings.initial_user_text), now), now)
         return out
 
-
-# What the OpenAI lane's turn bookkeeping looks at (``_openai_turns``).
-_TURN_EVENTS = frozenset({ev.SpeechStarted, ev.SpeechStopped, ev.TranscriptDelta, ev.TranscriptCompleted,
-                          ev.ListenDecision, ev.FunctionCallPublished})
 
 _HANDLERS = {
     p.SessionUpdate: TieredSession._session_update,

@@ -5,14 +5,15 @@ finish and answer the call), and the post-tool speech opens wire response B. Wir
 ``item_<response>``) are the projector's own. Cancels run synchronously here: the cancelled terminal goes out at
 once, the native response is fenced, and the epoch advances; the core's cancel tail is never shown.
 
-Every wire dict of a response, an item or a playback acknowledgement is rendered here (session-level events are
-``session_events.py``'s builders). Events come out as dicts without ``event_id``/``server_event_seq``; the session
-stamps and journals them. Tier 3 events are produced only when ``tier3`` is set (the full lane).
+Every wire dict of a response, an item or a playback acknowledgement is rendered here or, for one response's body
+and message item, by its ``WireResponse`` (``response.py``); session-level events are ``session_events.py``'s
+builders. Events come out as dicts without ``event_id``/``server_event_seq``; the session stamps and journals
+them. Tier 3 events are produced only when ``tier3`` is set (the full lane).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pybase64
@@ -23,13 +24,12 @@ from .audio import OutputEncoder
 from .epoch import EpochFence
 from .items import ItemStore
 from .ledger import PlaybackLedger
-from .parser import PlaybackAck, error_class
+from .parser import PlaybackAck
+from .response import WireResponse
 from .session_events import error_event, turn_event
 
 WireEvent = dict[str, Any]
 
-# §3.6: GA status_details.reason is a closed set; the full lane keeps our own reasons.
-_GA_CANCEL_REASON = {"client_cancelled": "client_cancelled"}
 _MS_PER_POSITION = 80
 
 
@@ -40,34 +40,6 @@ class Refused:
     code: str
     message: str
     param: str | None = None
-
-
-@dataclass(slots=True)
-class WireResponse:
-    id: str
-    native_id: str
-    epoch: int
-    modalities: tuple[str, ...]
-    ledger: PlaybackLedger
-    encoder: OutputEncoder | None
-    output: list[dict] = field(default_factory=list)
-    message_open: bool = False
-    transcript: str = ""
-    text_pending: str = ""
-    speak_sent: bool = False
-    sent_bytes: int = 0
-    done: bool = False
-    status: str = "in_progress"
-    superseded: bool = False
-    """A later user turn was committed after it ended: playback acks for it change nothing."""
-
-    @property
-    def item_id(self) -> str:
-        return f"item_{self.id}"
-
-    @property
-    def audio(self) -> bool:
-        return "audio" in self.modalities
 
 
 class TieredProjector:
@@ -229,13 +201,14 @@ class TieredProjector:
         self.responses[rid] = r
         self.active = self.last = r
         self.pending_create = False
-        out = [{"type": "response.created", "response_id": rid, "response": self._response_body(r)}]
+        body = r.body(self.session_id, tier3=self.tier3)
+        out = [{"type": "response.created", "response_id": rid, "response": body}]
         out += self._open_message(r)
         return out
 
     def _open_message(self, r: WireResponse) -> list[WireEvent]:
         r.message_open = True
-        item = self._message_item(r, "in_progress", "")
+        item = r.message_item("in_progress", "")
         previous = self.items.add(item)
         part = {"type": "audio", "transcript": ""} if r.audio else {"type": "text", "text": ""}
         return [
@@ -244,12 +217,6 @@ class TieredProjector:
             {"type": "response.content_part.added", "response_id": r.id, "item_id": r.item_id,
              "output_index": len(r.output), "content_index": 0, "part": part},
         ]
-
-    def _message_item(self, r: WireResponse, status: str, transcript: str) -> dict:
-        content = ([{"type": "output_audio", "transcript": transcript}] if r.audio
-                   else [{"type": "output_text", "text": transcript}])
-        return {"id": r.item_id, "type": "message", "object": "realtime.item", "role": "assistant",
-                "status": status, "content": content if transcript or status != "in_progress" else []}
 
     def _wire_for(self, native_id: str) -> list[WireEvent] | WireResponse | None:
         """The open wire response of a native one; opens response B after a function cycle."""
@@ -327,7 +294,7 @@ class TieredProjector:
             r.text_pending = ""
         r.message_open = False
         addr = {"response_id": r.id, "item_id": r.item_id, "output_index": len(r.output), "content_index": 0}
-        heard = self.history_text(r) if status != "completed" else r.transcript
+        heard = r.history_text() if status != "completed" else r.transcript
         if r.audio:
             out += [
                 {"type": "response.output_audio.done", **addr},
@@ -339,7 +306,7 @@ class TieredProjector:
                 {"type": "response.output_text.done", **addr, "text": r.transcript},
                 {"type": "response.content_part.done", **addr, "part": {"type": "text", "text": heard}},
             ]
-        item = self._message_item(r, status, heard)
+        item = r.message_item(status, heard)
         self.items.add(item)
         previous = self.items.previous_of(r.item_id)
         r.output.append(item)
@@ -362,33 +329,9 @@ class TieredProjector:
         r.status = status
         if self.active is r:
             self.active = None
-        body = self._response_body(r)
-        body["status"] = status
-        body["status_details"] = self._status_details(status, reason)
-        body["output"] = list(r.output)
+        body = r.done_body(self.session_id, reason, tier3=self.tier3)
         return out + [{"type": "response.done", "response_id": r.id, "response": body},
                       {"type": "rate_limits.updated", "rate_limits": []}]
-
-    def _status_details(self, status: str, reason: str | None) -> dict | None:
-        if status == "completed":
-            return None
-        if status == "failed":
-            return {"type": "failed", "error": {"type": error_class(reason or "internal_error"),
-                                                "code": reason or "internal_error"}}
-        if self.tier3:
-            return {"type": "cancelled", "reason": reason}
-        return {"type": "cancelled", "reason": _GA_CANCEL_REASON.get(reason or "", "turn_detected")}
-
-    def _response_body(self, r: WireResponse) -> dict:
-        metadata: dict[str, Any]
-        if self.tier3:
-            metadata = {"session_id": self.session_id, "epoch": r.epoch, "playback": r.ledger.snapshot(),
-                        "committed": r.ledger.committed_ms >= r.ledger.sent_ms}
-        else:
-            metadata = {"epoch": str(r.epoch)}  # GA metadata values are strings
-        return {"id": r.id, "object": "realtime.response", "status": "in_progress", "status_details": None,
-                "output": [], "modalities": list(r.modalities), "output_modalities": list(r.modalities),
-                "metadata": metadata}
 
     def _native_done(self, e: ev.ResponseDone) -> list[WireEvent]:
         self._waiting_calls.discard(e.response_id)
@@ -467,21 +410,12 @@ class TieredProjector:
 
     # ================================================================ history and playback
 
-    def history_text(self, r: WireResponse) -> str:
-        """What history keeps of ``r``: all of it when committed in full, else the prefix heard by committed_ms."""
-        ledger = r.ledger
-        if ledger.committed_ms >= ledger.sent_ms and ledger.hard_cap is None and r.status != "cancelled":
-            return r.transcript
-        return r.transcript[: ledger.text_chars_at(ledger.committed_ms)]
-
     def refresh_history(self, r: WireResponse) -> None:
         """Re-cut the stored assistant item after an ack or a truncation."""
         if r.done and r.item_id in self.items:
             stored = self.items.get(r.item_id)
             if stored is not None and stored.get("type") == "message":
-                key = "transcript" if r.audio else "text"
-                part_type = "output_audio" if r.audio else "output_text"
-                self.items.update(r.item_id, content=[{"type": part_type, key: self.history_text(r)}])
+                self.items.update(r.item_id, content=r.content(r.history_text()))
 
     def response_for_item(self, item_id: str) -> WireResponse | None:
         if item_id.startswith("item_resp_"):
@@ -562,7 +496,7 @@ class TieredProjector:
         if target is None:
             return Refused("playback_item_not_found", f"no response {rid!r}", "response_id")
         stale = target.status == "cancelled" or target.superseded or (target.done and target.epoch != self.epoch)
-        before = self.history_text(target)
+        before = target.history_text()
         if not stale:
             target.ledger.ack(e.played_ms, e.committed_ms, truncate=bool(e.truncate))
             self.refresh_history(target)
@@ -572,7 +506,7 @@ class TieredProjector:
                  "response_id": target.id, "item_id": target.item_id, "played_ms": target.ledger.played_ms,
                  "committed_ms": target.ledger.committed_ms, "truncate": bool(e.truncate),
                  "playback": target.ledger.snapshot(),
-                 "history_committed": not stale and (target.done or self.history_text(target) != before)}
+                 "history_committed": not stale and (target.done or target.history_text() != before)}
         if stale:
             event["stale"] = True
         return [{"type": "playback.acknowledged", "event": event}]
