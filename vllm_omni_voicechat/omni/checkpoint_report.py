@@ -73,14 +73,17 @@ class CheckpointReport:
 
 
 def read_headers(folder: str | Path) -> tuple[list[str], dict[str, tuple[str, Shape]]]:
-    """(files, name -> (dtype, shape)) from the index (sharded) or ``model.safetensors``: 8-byte length + JSON."""
+    """(files, name -> (dtype, shape)) from the index's shards, ``model.safetensors`` or else every top-level
+    ``*.safetensors``: each header is an 8-byte little-endian length and that much JSON (no tensor data read)."""
     folder = Path(folder)
     if (folder / INDEX).is_file():
         files = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
     elif (folder / SINGLE).is_file():
         files = [SINGLE]
-    else:
-        raise FileNotFoundError(f"neither {INDEX} nor {SINGLE} in {folder}")
+    else:  # shards without an index
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no {INDEX}, {SINGLE} or other *.safetensors in {folder}")
     tensors: dict[str, tuple[str, Shape]] = {}
     for name in files:
         with (folder / name).open("rb") as f:
