@@ -110,7 +110,8 @@ def judge_self_test(result: dict[str, Any]) -> bool:
 
 
 def load_thinker(model: str) -> tuple[Any, Any]:
-    """Stage 0 as a stage worker builds it (the deploy YAML's stage-0 settings, a short max_model_len), on cuda."""
+    """Stage 0 as a stage worker builds it (the deploy YAML's architecture, dtypes and text tokenizer; a short
+    max_model_len), on the platform's device."""
     import socket
 
     import torch
@@ -121,11 +122,15 @@ def load_thinker(model: str) -> tuple[Any, Any]:
 
     from vllm_omni_voicechat.omni.thinker import ARCHITECTURE, register_architecture
 
+    import yaml
+
     register_architecture()
+    stage0 = next(st for st in yaml.safe_load((REPO / "deploy" / "voicechat.yaml").read_text())["stages"]
+                  if st["stage_id"] == 0)
     args = OmniEngineArgs(model=model, model_arch=ARCHITECTURE, model_stage="thinker", stage_id=0,
                           dtype="bfloat16", mamba_ssm_cache_dtype="float32", max_model_len=2048, max_num_seqs=1,
                           enforce_eager=True, enable_prefix_caching=False, worker_cls="auto",
-                          tokenizer="nvidia/NVIDIA-Nemotron-Nano-9B-v2")
+                          tokenizer=stage0["tokenizer"])
     vllm_config = args.create_engine_config()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -161,7 +166,8 @@ def parse_self_test(stdout: str) -> dict[str, Any]:
 
 def check_self_test(model: str, wav: str, results: dict[str, Any], *, skip: bool, timeout_s: float) -> bool:
     if skip or not Path(model).is_dir():
-        return report(results, "self_test", True, skipped="--skip-self-test" if skip else "--model is not a local folder")
+        why = "--skip-self-test" if skip else "--model is not a local folder"
+        return report(results, "self_test", True, skipped=why)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--self-test-child", "--model", model, "--wav", wav,
            "--tool-wav", wav]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
