@@ -76,6 +76,26 @@ def test_a_sharded_copy_reads_every_shard_through_the_index(tmp_path, checkpoint
     assert {k: len(s.consumed) for k, s in report.stages.items()} == stage_counts(tensors)
 
 
+def test_a_shard_still_downloading_gives_its_names_from_the_index_without_shapes(tmp_path, checkpoint, tensors):
+    folder = tmp_path / "partial"
+    shutil.copytree(checkpoint, folder)
+    (folder / "model.safetensors").unlink()
+    names = sorted(tensors)
+    rnnt_half = [n for n in names if "rnnt_joint" in n]  # the joint's shard is not down yet
+    rest = [n for n in names if n not in rnnt_half]
+    save_file({n: tensors[n] for n in rest}, str(folder / "model-00001-of-00002.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        **{n: "model-00001-of-00002.safetensors" for n in rest},
+        **{n: "model-00002-of-00002.safetensors" for n in rnnt_half}}}))
+    report = verify_checkpoint(folder)
+    assert not report.ok and report.absent_files == ["model-00002-of-00002.safetensors"]
+    assert report.tensors == len(tensors) and report.unexpected == {} and report.mismatched == {}
+    assert all(s.missing == {} for s in report.stages.values())
+    assert {k: len(s.consumed) for k, s in report.stages.items()} == stage_counts(tensors)
+    assert report.rnnt["enc.weight"] == {"name": RENAMED[0], "shape": None}
+    assert report.rnnt["embed.weight"]["shape"] == [65, 32] and report.vocabulary["ok"] is True
+
+
 def test_a_renamed_a_dropped_and_an_extra_tensor_are_reported_exactly(tmp_path, checkpoint, tensors, capsys):
     changed = dict(tensors)
     changed[RENAMED[1]] = changed.pop(RENAMED[0])

@@ -42,7 +42,7 @@ Shape = list[int]
 
 @dataclass
 class StageReport:
-    consumed: dict[str, Shape] = field(default_factory=dict)
+    consumed: dict[str, Shape | None] = field(default_factory=dict)
     missing: dict[str, Shape | None] = field(default_factory=dict)
     """Checkpoint name (or subtree ``prefix*``) -> the shape the stage needs (None where only presence is known)."""
 
@@ -51,9 +51,11 @@ class StageReport:
 class CheckpointReport:
     folder: str
     files: list[str]
+    absent_files: list[str]
+    """Shards the index names that are not (yet) in the folder: their tensors are listed without shapes."""
     tensors: int
     stages: dict[str, StageReport]
-    unexpected: dict[str, Shape]
+    unexpected: dict[str, Shape | None]
     rnnt: dict[str, dict[str, Any]]
     """Local RNNT name -> {"name": checkpoint name, "shape": ...} for every mapped decoder/joint tensor."""
     mismatched: dict[str, dict[str, Shape]]
@@ -62,37 +64,43 @@ class CheckpointReport:
 
     @property
     def ok(self) -> bool:
-        return (not self.unexpected and not self.mismatched and self.vocabulary["ok"]
+        return (not self.absent_files and not self.unexpected and not self.mismatched and self.vocabulary["ok"]
                 and not any(s.missing for s in self.stages.values()))
 
     def to_json(self) -> dict[str, Any]:
-        return {"folder": self.folder, "ok": self.ok, "files": self.files, "tensors": self.tensors,
+        return {"folder": self.folder, "ok": self.ok, "files": self.files, "absent_files": self.absent_files,
+                "tensors": self.tensors,
                 "stages": {k: {"consumed": len(s.consumed), "missing": s.missing} for k, s in self.stages.items()},
                 "unexpected": self.unexpected, "rnnt": self.rnnt, "mismatched": self.mismatched,
                 "vocabulary": self.vocabulary}
 
 
-def read_headers(folder: str | Path) -> tuple[list[str], dict[str, tuple[str, Shape]]]:
-    """(files, name -> (dtype, shape)) from the index's shards, ``model.safetensors`` or else every top-level
-    ``*.safetensors``: each header is an 8-byte little-endian length and that much JSON (no tensor data read)."""
+def read_headers(folder: str | Path) -> tuple[list[str], dict[str, tuple[str | None, Shape | None]], list[str]]:
+    """(files, name -> (dtype, shape), absent shards) from the index's shards, ``model.safetensors`` or else every
+    top-level ``*.safetensors``: each header is an 8-byte little-endian length and that much JSON (no tensor data
+    read). A shard the index names but the folder lacks (a download under way) gives its names without shapes."""
     folder = Path(folder)
+    tensors: dict[str, tuple[str | None, Shape | None]] = {}
+    absent: list[str] = []
     if (folder / INDEX).is_file():
-        files = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+        weight_map = json.loads((folder / INDEX).read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+        absent = [f for f in files if not (folder / f).is_file()]
+        tensors.update({n: (None, None) for n, f in weight_map.items() if f in absent})
     elif (folder / SINGLE).is_file():
         files = [SINGLE]
     else:  # shards without an index
         files = sorted(p.name for p in folder.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no {INDEX}, {SINGLE} or other *.safetensors in {folder}")
-    tensors: dict[str, tuple[str, Shape]] = {}
-    for name in files:
+    for name in (f for f in files if f not in absent):
         with (folder / name).open("rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(size))
         for key, value in header.items():
             if key != "__metadata__":
                 tensors[key] = (value["dtype"], list(value["shape"]))
-    return files, tensors
+    return files, tensors, absent
 
 
 def _stage_of(name: str) -> str | None:
@@ -106,7 +114,7 @@ def _stage_of(name: str) -> str | None:
 
 
 def _dim(found: dict[str, Shape], *where: tuple[str, int]) -> int | None:
-    return next((found[k][i] for k, i in where if k in found and len(found[k]) > i), None)
+    return next((found[k][i] for k, i in where if found.get(k) is not None and len(found[k]) > i), None)
 
 
 def _rnnt_expected(found: dict[str, Shape], enc_width: int | None) -> dict[str, Shape | None]:
@@ -154,10 +162,10 @@ def _vocabulary(folder: Path, rows: int | None) -> dict[str, Any]:
 
 def verify_checkpoint(folder: str | Path) -> CheckpointReport:
     folder = Path(folder).resolve()
-    files, tensors = read_headers(folder)
+    files, tensors, absent = read_headers(folder)
     stages = {name: StageReport() for name in STAGES}
-    unexpected: dict[str, Shape] = {}
-    rnnt_found: dict[str, tuple[str, Shape]] = {}
+    unexpected: dict[str, Shape | None] = {}
+    rnnt_found: dict[str, tuple[str, Shape | None]] = {}
     for name, (_, shape) in sorted(tensors.items()):
         stage = _stage_of(name)
         local = local_rnnt_name(name)
@@ -182,13 +190,13 @@ def verify_checkpoint(folder: str | Path) -> CheckpointReport:
     for local, shape in expected.items():
         if local not in rnnt_found:
             thinker.missing[_checkpoint_name(local, rnnt_found, prefix)] = shape
-        elif shape is not None and rnnt_found[local][1] != shape:
+        elif shape is not None and rnnt_found[local][1] is not None and rnnt_found[local][1] != shape:
             mismatched[rnnt_found[local][0]] = {"found": rnnt_found[local][1], "expected": shape}
     rnnt = {k: {"name": n, "shape": s} for k, (n, s) in sorted(rnnt_found.items())}
     embed = rnnt_found.get("embed.weight")
-    return CheckpointReport(folder=str(folder), files=files, tensors=len(tensors), stages=stages,
+    return CheckpointReport(folder=str(folder), files=files, absent_files=absent, tensors=len(tensors), stages=stages,
                             unexpected=unexpected, rnnt=rnnt, mismatched=mismatched,
-                            vocabulary=_vocabulary(folder, embed[1][0] if embed else None))
+                            vocabulary=_vocabulary(folder, embed[1][0] if embed and embed[1] else None))
 
 
 _NEMO_SUBTREES = {"embed.": ("decoder", "prediction.embed."), "lstm.": ("decoder", "prediction.dec_rnn.lstm."),
@@ -217,6 +225,8 @@ def format_report(report: CheckpointReport) -> str:
         return "?" if s is None else "[" + ", ".join(map(str, s)) + "]"
 
     lines = [f"checkpoint {report.folder}: {report.tensors} tensors in {len(report.files)} file(s)"]
+    if report.absent_files:
+        lines.append(f"  not downloaded yet (names only, from the index): {', '.join(report.absent_files)}")
     for name, stage in report.stages.items():
         lines.append(f"  stage {STAGES.index(name)} {name}: {len(stage.consumed)} consumed, "
                      f"{len(stage.missing)} missing")
