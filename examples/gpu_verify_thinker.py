@@ -7,18 +7,25 @@ output.
 
 Steps (each prints PASS/FAIL; the JSON report goes to ``--out``):
 
-1. ``checkpoint``: the checkpoint's safetensors headers (no weights read) hold the RNNT decoder + joint tensors our
-   loader maps (``omni/thinker/rnnt.py:local_rnnt_name``) and the ``rnnt_tokenizer/`` vocabulary.
-2. ``serve`` (with ``--serve``): ``vllm-omni serve MODEL --omni --deploy-config deploy/voicechat.yaml`` (Stage 0
+1. ``checkpoint``: ``vllm-omni-voicechat verify-checkpoint``'s report (``omni/checkpoint_report.py``; safetensors
+   headers only, no weights read): per stage the tensors consumed, every missing or unexpected tensor with its
+   shape, the RNNT decoder + joint tensors our loader maps (``omni/thinker/checkpoint.py:local_rnnt_name``) and the
+   ``rnnt_tokenizer/`` vocabulary. Any problem fails the step.
+2. ``self_test`` (a local ``--model`` folder, unless ``--skip-self-test``): the start-up self-test. In a child
+   process (its GPU memory is freed before serving) Stage 0 is built and loaded the way a stage worker does it,
+   then ``--self-test-wav`` (default ``--wav``: known speech) goes through perception + RNNT one 80 ms position at
+   a time; the transcript must not be empty (all-blank RNNT output means the RNNT weights or the frame it reads
+   are wrong even though the load passed).
+3. ``serve`` (with ``--serve``): ``vllm-omni serve MODEL --omni --deploy-config deploy/voicechat.yaml`` (Stage 0
    on ``VoiceChatRealtimeThinkerForConditionalGeneration``), waiting for ``/health``. Without ``--serve`` the
    server at ``--url`` is used.
-3. ``live_turn``: one v3 microphone turn from ``--wav`` (16 kHz mono or anything ``read_wav`` takes), streamed in
+4. ``live_turn``: one v3 microphone turn from ``--wav`` (16 kHz mono or anything ``read_wav`` takes), streamed in
    real time: the RNNT transcript is not empty, the commit settles to the fence and the response completes with
    text and audio.
-4. ``tool_turn``: a session offering ``get_time``; the ``--tool-wav`` question ("What time is it?") must make the
+5. ``tool_turn``: a session offering ``get_time``; the ``--tool-wav`` question ("What time is it?") must make the
    model call it; the client answers ``{"time": "12:34"}``; the response completes (whether it says 12:34 is
    reported, not required: the model decides).
-5. ``budget``: every ``voicechat.metrics`` position of both sessions: ``server_step_ms`` p50/p95/max against the
+6. ``budget``: every ``voicechat.metrics`` position of both sessions: ``server_step_ms`` p50/p95/max against the
    80 ms budget (PASS when p95 <= 80) and ``inference_ms`` (submit to Stage-0 token).
 """
 
@@ -26,9 +33,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -40,13 +47,15 @@ import numpy as np
 
 from vllm_omni_voicechat.audio.wav import load_wav_16k
 from vllm_omni_voicechat.client import V3Client
-from vllm_omni_voicechat.omni.thinker.checkpoint import local_rnnt_name
+from vllm_omni_voicechat.omni.checkpoint_report import verify_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 GET_TIME = {"type": "function", "function": {"name": "get_time", "description": "The current local time.",
                                             "parameters": {"type": "object", "properties": {}}}}
 TOOL_RESULT = {"time": "12:34"}
-RNNT_GROUPS = ("embed.", "lstm.", "enc.", "pred.", "out.")
+FRAME_IN = 1280  # 16 kHz samples per 80 ms position
+TAIL_POSITIONS = 6  # 480 ms of silence after the speech: the RNNT's last word settles
+SELF_TEST_MARK = "SELF_TEST_JSON "
 
 
 def report(results: dict[str, Any], name: str, ok: bool, **facts: Any) -> bool:
@@ -55,30 +64,118 @@ def report(results: dict[str, Any], name: str, ok: bool, **facts: Any) -> bool:
     return ok
 
 
-def safetensors_names(folder: Path) -> dict[str, list[int]]:
-    """Tensor name -> shape from every safetensors header (8-byte length + JSON; no weights are read)."""
-    names: dict[str, list[int]] = {}
-    for path in sorted(folder.rglob("*.safetensors")):
-        with path.open("rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        names.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
-    return names
-
-
 def check_checkpoint(model: str, results: dict[str, Any]) -> bool:
     folder = Path(model)
     if not folder.is_dir():
         return report(results, "checkpoint", True, skipped="--model is not a local folder")
-    names = safetensors_names(folder)
-    mapped = {local: (name, names[name]) for name in names if (local := local_rnnt_name(name)) is not None}
-    rnntish = sorted(n for n in names if "rnnt" in n.lower() and local_rnnt_name(n) is None)
-    vocab = sorted(p.name for p in (folder / "rnnt_tokenizer").glob("*")) if (folder / "rnnt_tokenizer").is_dir() else []
-    groups = {g: any(k.startswith(g) for k in mapped) for g in RNNT_GROUPS}
-    shapes = {k: v[1] for k, v in sorted(mapped.items())}
-    return report(results, "checkpoint", all(groups.values()) and bool(vocab), tensors=len(names),
-                  rnnt_mapped=len(mapped), groups=groups, rnnt_unmapped=rnntish[:8], vocabulary=vocab,
-                  shapes=shapes)
+    r = verify_checkpoint(folder)
+    missing = {n: shape for stage in r.stages.values() for n, shape in stage.missing.items()}
+    return report(results, "checkpoint", r.ok, tensors=r.tensors,
+                  consumed={k: len(v.consumed) for k, v in r.stages.items()}, missing=missing,
+                  unexpected=r.unexpected, mismatched=r.mismatched, rnnt_mapped=len(r.rnnt),
+                  shapes={k: v["shape"] for k, v in r.rnnt.items()}, vocabulary=r.vocabulary["files"])
+
+
+# ---- the start-up self-test: known speech through perception + RNNT -----------------------------------------------
+
+
+def speech_positions(pcm16: bytes, tail: int = TAIL_POSITIONS) -> list[dict[str, Any]]:
+    """16 kHz mono PCM16 as the thinker's per-position duplex inputs (pcm_f32le, the last frame zero-padded), then
+    ``tail`` silent positions."""
+    samples = np.frombuffer(pcm16[: len(pcm16) // 2 * 2], dtype="<i2").astype(np.float32) / 32768.0
+    count = -(-samples.size // FRAME_IN) + tail
+    frames = np.zeros(count * FRAME_IN, dtype="<f4")
+    frames[: samples.size] = samples
+    return [{"source_input_seq": i + 1,
+             "payload": {"format": "pcm_f32le", "sample_rate_hz": 16000,
+                         "audio": base64.b64encode(frames[i * FRAME_IN:(i + 1) * FRAME_IN].tobytes()).decode()}}
+            for i in range(count)]
+
+
+def rnnt_transcript(model: Any, stream: Any, positions: list[dict[str, Any]], device: Any) -> dict[str, Any]:
+    """Each position through the thinker's streaming perception and its RNNT (``stream``: an ``RnntStream``)."""
+    session: dict[str, Any] = {}
+    text, tokens, blanks = "", 0, 0
+    for duplex in positions:
+        model._duplex_stable_frame(session, duplex, device)
+        evidence, emitted = stream.step(model._rnnt_frame(session))
+        text += evidence.text_delta
+        tokens += len(emitted)
+        blanks += bool(evidence.blank)
+    return {"transcript": text, "positions": len(positions), "tokens": tokens, "blank_positions": blanks}
+
+
+def judge_self_test(result: dict[str, Any]) -> bool:
+    return result.get("error") is None and bool(result.get("transcript", "").strip()) and result["tokens"] > 0
+
+
+def load_thinker(model: str) -> tuple[Any, Any]:
+    """Stage 0 as a stage worker builds it (the deploy YAML's architecture, dtypes and text tokenizer; a short
+    max_model_len), on the platform's device."""
+    import socket
+
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm_omni.engine.arg_utils import OmniEngineArgs
+
+    from vllm_omni_voicechat.omni.thinker import ARCHITECTURE, register_architecture
+
+    import yaml
+
+    register_architecture()
+    stage0 = next(st for st in yaml.safe_load((REPO / "deploy" / "voicechat.yaml").read_text())["stages"]
+                  if st["stage_id"] == 0)
+    args = OmniEngineArgs(model=model, model_arch=ARCHITECTURE, model_stage="thinker", stage_id=0,
+                          dtype="bfloat16", mamba_ssm_cache_dtype="float32", max_model_len=2048, max_num_seqs=1,
+                          enforce_eager=True, enable_prefix_caching=False, worker_cls="auto",
+                          tokenizer=stage0["tokenizer"])
+    vllm_config = args.create_engine_config()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                     local_rank=0, backend="nccl")
+        ensure_model_parallel_initialized(1, 1)
+        thinker = get_model_loader(vllm_config.load_config).load_model(vllm_config=vllm_config,
+                                                                        model_config=vllm_config.model_config)
+    return thinker.eval(), torch.device(vllm_config.device_config.device)
+
+
+def self_test_child(model: str, wav: str) -> int:
+    try:
+        from vllm_omni_voicechat.omni.thinker.rnnt import RnntStream
+
+        thinker, device = load_thinker(model)
+        stream = RnntStream(thinker.rnnt, thinker._vocabulary())
+        result: dict[str, Any] = rnnt_transcript(thinker, stream, speech_positions(load_wav_16k(wav)), device)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent as the step's failure
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    print(SELF_TEST_MARK + json.dumps(result), flush=True)
+    return 0
+
+
+def parse_self_test(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith(SELF_TEST_MARK)]
+    if not lines:
+        return {"error": "the self-test process printed no result"}
+    return json.loads(lines[-1][len(SELF_TEST_MARK):])
+
+
+def check_self_test(model: str, wav: str, results: dict[str, Any], *, skip: bool, timeout_s: float) -> bool:
+    if skip or not Path(model).is_dir():
+        why = "--skip-self-test" if skip else "--model is not a local folder"
+        return report(results, "self_test", True, skipped=why)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--self-test-child", "--model", model, "--wav", wav,
+           "--tool-wav", wav]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
+    result = parse_self_test(done.stdout)
+    if "error" in result:
+        result["stderr_tail"] = done.stderr[-2000:]
+    return report(results, "self_test", judge_self_test(result), **result)
 
 
 def serve(model: str, port: int, out: Path, timeout_s: float) -> subprocess.Popen:
@@ -150,11 +247,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--serve-timeout", type=float, default=1200.0)
     p.add_argument("--out", default=str(REPO / "out" / "gpu_verify_thinker.json"))
+    p.add_argument("--self-test-wav", default=None, help="known speech for the self-test (default: --wav)")
+    p.add_argument("--skip-self-test", action="store_true")
+    p.add_argument("--self-test-timeout", type=float, default=1800.0)
+    p.add_argument("--self-test-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.self_test_child:
+        return self_test_child(args.model, args.wav)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     ok = check_checkpoint(args.model, results)
+    if ok:  # a checkpoint with missing or unexpected tensors would only fail (or mislead) the load
+        ok &= check_self_test(args.model, args.self_test_wav or args.wav, results, skip=args.skip_self_test,
+                              timeout_s=args.self_test_timeout)
     proc = serve(args.model, args.port, out, args.serve_timeout) if args.serve else None
     url = f"ws://127.0.0.1:{args.port}/v1/voicechat" if args.serve else args.url
     try:

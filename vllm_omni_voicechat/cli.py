@@ -2,7 +2,8 @@
 ``serve sim``), or a real checkpoint through ``vllm-omni serve MODEL --omni`` with our deploy YAML (``serve MODEL
 [vllm-omni serve options]``, in an environment with vLLM-Omni installed); ``talk`` plays WAV files or typed text
 to a running server and prints the transcript and timings; ``make-tiny-checkpoint`` writes a tiny random checkpoint
-in the real layout (docs/tiny-checkpoint.md)."""
+in the real layout (docs/tiny-checkpoint.md); ``verify-checkpoint`` reports, from the safetensors headers alone, the
+tensors each stage will consume and any missing or unexpected (docs/running-on-gpu.md)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "(real file layout, all three stages) for CPU runs of vLLM-Omni")
     tiny.add_argument("directory", metavar="DIR")
     tiny.add_argument("--seed", type=int, default=0)
+    verify = sub.add_parser("verify-checkpoint", help="report the tensors each stage will consume from a downloaded "
+                            "checkpoint, and any missing or unexpected (headers only: no weights, no GPU)")
+    verify.add_argument("directory", metavar="DIR")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
@@ -72,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         root = make_tiny_checkpoint(args.directory, seed=args.seed)
         print(f"{root}  (pretrained_llm and the stage-0 tokenizer: {root / LLM_FOLDER})")
         return 0
+    if args.command == "verify-checkpoint":
+        from .omni.checkpoint_report import main as verify_checkpoint
+
+        return verify_checkpoint(args.directory, as_json=args.json)
     if args.model != "sim":
         from .omni.serve import main as serve_omni
 
