@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import uuid
 
@@ -63,9 +64,8 @@ async def session_to_the_guard(ws_base: str, limit: int) -> tuple[list[dict], Ex
     from vllm_omni_voicechat.audio.speech import render_speech
 
     events: list[dict] = []
-    try:
-        async with websockets.connect(ws_base + "/v1/voicechat", ping_interval=None, max_size=None) as ws:
-
+    async with websockets.connect(ws_base + "/v1/voicechat", ping_interval=None, max_size=None) as ws:
+        try:
             async def until(check, timeout: float = 60.0) -> None:
                 async with asyncio.timeout(timeout):
                     while not check():
@@ -90,8 +90,13 @@ async def session_to_the_guard(ws_base: str, limit: int) -> tuple[list[dict], Ex
                     sent += 1
                 await until(lambda: len(frames(events)) >= min(sent, limit) - 8 or failed())
             await until(lambda: False, timeout=60)
-    except websockets.ConnectionClosed as closed:
-        return events, closed
+        except websockets.ConnectionClosed as closed:
+            # The guard can end the session while a burst is being sent (the send raises first): what the server sent
+            # before its close is still queued on our side, and recv() hands it out before raising again.
+            with contextlib.suppress(websockets.ConnectionClosed):
+                while True:
+                    events.append(json.loads(await ws.recv()))
+            return events, closed
     raise AssertionError("the server never closed the session")
 
 
