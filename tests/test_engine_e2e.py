@@ -101,6 +101,8 @@ def test_health_reports_the_engine_and_its_warmup(server):
     assert body["max_sessions"] == 2 and body["active_sessions"] == 0
     assert body["warmup"]["positions"] == 2  # two silent positions through all three stages before the first client
     assert body["typed_input"] == {"ready": False, "synthesizer": None}
+    # vLLM's serve_http turns uvicorn's WebSocket keepalive on; the v3 contract wants no pings (omni/mount.py)
+    assert "WebSocket keepalive pings off" in server.log_path.read_text(errors="replace")
     status, models = get_json(server.http + "/v1/models")  # vLLM-Omni's own route, next to ours
     assert status == 200 and models["data"][0]["id"] == str(server.checkpoint)
 

@@ -3,7 +3,7 @@ ends with the fatal ``session_position_limit``, ``session.closed{failed}`` and c
 
 A server of its own, from deploy/voicechat-cpu.yaml with a guard of ``LIMIT`` positions (everything else as
 deployed): the deployed guard of 1,000 took a burst-fed session about 100 s on 2 cores, long enough to meet this
-VM's multi-second scheduling stalls, and a stall over 20 s trips uvicorn's keepalive inside ``vllm-omni serve``.
+VM's multi-second scheduling stalls (uvicorn's keepalive, which such a stall once tripped, is now off: omni/mount.py).
 That a session as long as the deployed guard fits Stage 1 is the start-up check's job (tests/test_omni_settings.py;
 measured: docs/engine-on-cpu.md); the first GPU run drives ``session_to_the_guard`` to the deployed guard
 (docs/running-on-gpu.md). Runs in the engine venv; skipped elsewhere.

@@ -11,9 +11,11 @@ import asyncio
 import base64
 import contextlib
 import importlib.util
+import logging
 import os
 import socket
 import threading
+import time
 
 import pytest
 
@@ -25,6 +27,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+PING_S = 0.01
+
+
 @contextlib.contextmanager
 def serve(app):
     import uvicorn
@@ -33,7 +38,10 @@ def serve(app):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(app, ws_ping_interval=None, ws_ping_timeout=None, log_level="warning"))
+    # As vLLM's serve_http: uvicorn's WebSocket keepalive left on (there 20 s / 20 s; here every PING_S, so that any
+    # turn would meet pings) and the server published as app.state.server (vllm/entrypoints/launchers/launcher.py).
+    server = uvicorn.Server(uvicorn.Config(app, ws_ping_interval=PING_S, ws_ping_timeout=PING_S, log_level="warning"))
+    app.state.server = server
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
@@ -103,11 +111,17 @@ def test_the_plugin_takes_its_bounds_from_the_same_settings_as_the_server(mounte
 
 
 def test_a_v3_client_completes_a_turn_through_the_mounted_route(mounted):
+    url, *_ = mounted
+    v3_turn(url)
+
+
+def v3_turn(url: str) -> float:
+    """One spoken v3 turn through the mounted route; returns how long the session lasted."""
     from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 
     from .server_fixture import RawClient
 
-    url, *_ = mounted
+    t0 = time.monotonic()
     c = RawClient(url + "/v1/voicechat", timeout=30)
     try:
         assert c.recv()["type"] == "session.created"
@@ -124,6 +138,20 @@ def test_a_v3_client_completes_a_turn_through_the_mounted_route(mounted):
     audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
     assert (events[-1]["type"], events[-1]["status"]) == ("response.done", "completed")
     assert decode_speech(audio, 22_050) == "You said: hello."
+    return time.monotonic() - t0
+
+
+def test_no_keepalive_ping_reaches_a_v3_client(mounted, caplog):
+    """The v3 contract: no protocol pings. vLLM's serve_http turns uvicorn's keepalive on; the mount turns it off
+    (app.state.server's config) before the first accept, so a whole turn sees no PING frame."""
+    mount = mounted[2]
+    assert mount.pings_off
+    caplog.set_level(logging.DEBUG, logger="websockets.client")  # websockets logs every frame it receives
+    took = v3_turn(mounted[0])
+    assert took > 10 * PING_S  # long enough that a keepalive left on would have pinged
+    frames = [r.getMessage() for r in caplog.records if r.name == "websockets.client" and r.getMessage()[:2] == "< "]
+    assert any(f.startswith("< TEXT") for f in frames)  # the log does show the frames received
+    assert not [f for f in frames if f.startswith("< PING")]
 
 
 def test_duplex_client_completes_a_turn_through_the_mounted_route(mounted):

@@ -5,6 +5,12 @@ the app by ``omni_run_server_worker`` AFTER ``build_async_omni`` has loaded our 
 front win over vLLM-Omni's ``/v1/realtime``, ``/v1/duplex`` and ``/health`` (first match wins), and its
 ``lifespan_context`` is merged into the app's, so our start (server + warmup) runs before the first accept.
 ``/v1/models`` and everything else stay vLLM-Omni's / vLLM's. ``tests/test_omni_mount.py`` pins the seam.
+
+Keepalive: vLLM's ``serve_http`` builds uvicorn's ``Config`` with its WebSocket pings on (20 s / 20 s) and no option
+to turn them off, but the v3 contract wants no protocol pings (a long model step or a lagging consumer must never
+trip a transport timer). ``serve_http`` publishes its ``uvicorn.Server`` as ``app.state.server``; uvicorn reads
+``config.ws_ping_*`` when it makes each connection, so the mount sets both to None before the first accept (for
+every WebSocket route of the process, as our standalone server does).
 """
 
 from __future__ import annotations
@@ -40,8 +46,10 @@ class VoicechatMount:
         self.plugin = plugin
         self.settings = settings
         self.server: VoicechatServer | None = None
+        self.pings_off = False
 
     async def start(self, app: Any) -> None:
+        self.pings_off = pings_off(app)
         engine_client = app.state.engine_client
         # The deploy YAML's voicechat: block, under what the mount was given explicitly.
         self.settings = {**read_settings(getattr(engine_client, "config_path", None)), **self.settings}
@@ -98,6 +106,19 @@ class VoicechatMount:
     def routes(self) -> list:
         return [Route("/health", self.health), WebSocketRoute("/v1/realtime", self.realtime),
                 WebSocketRoute("/v1/duplex", self.realtime), WebSocketRoute("/v1/voicechat", self.v3), *page_routes()]
+
+
+def pings_off(app: Any) -> bool:
+    """Turn uvicorn's WebSocket keepalive off for the connections ``serve_http``'s server makes from now on; False
+    (and a warning) when the app has no such server."""
+    config = getattr(getattr(getattr(app, "state", None), "server", None), "config", None)
+    if config is None or not hasattr(config, "ws_ping_interval"):
+        log.warning("WebSocket keepalive pings left as the server set them: app.state.server has no uvicorn config")
+        return False
+    config.ws_ping_interval = None
+    config.ws_ping_timeout = None
+    log.info("WebSocket keepalive pings off (the v3 contract: no protocol pings; liveness is voicechat.metrics)")
+    return True
 
 
 def _typed_input_synthesizer() -> Any:
