@@ -47,6 +47,7 @@ from _common import (
     write_report,
 )
 
+from vllm_omni_voicechat.ops.tally import SessionTally
 from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
 from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimulatorModel
@@ -64,9 +65,10 @@ def build_protocol(dialect: str, n: int, max_sessions: int) -> Any:
     """The server's protocol object for one connection, configured as ``server/app.py`` configures it."""
     if dialect == "v3":
         core = SessionCore(SessionConfig(session_id=f"bench-v3-{n}"))
-        return V3Session(core, V3Options(single_client=max_sessions == 1))
+        return V3Session(core, V3Options(single_client=max_sessions == 1), tally=SessionTally("v3", 0.0))
     core = SessionCore(SessionConfig(session_id=f"duplex-bench-{n}", turn_policy="model", gate_open_after=1))
-    return TieredSession(core, TieredOptions(lane="full", model="voicechat", max_sessions=max_sessions))
+    return TieredSession(core, TieredOptions(lane="full", model="voicechat", max_sessions=max_sessions),
+                         tally=SessionTally("tiered", 0.0))
 
 
 class HostedSession:

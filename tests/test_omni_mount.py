@@ -197,10 +197,10 @@ def test_the_plugin_mounts_our_routes_only_inside_vllm_omni_serve(monkeypatch):
     assert fake_api.router.routes == []  # not a serve process: nothing mounted
     monkeypatch.setattr(sys, "argv", ["vllm-omni", "serve", "m", "--omni"])
     VoiceChatDuplexPlugin(encode_audio)
-    assert [r.path for r in fake_api.router.routes] == ["/health", "/v1/realtime", "/v1/duplex", "/v1/voicechat", "/",
-                                                        "/ui/{name}"]
+    assert [r.path for r in fake_api.router.routes] == ["/health", "/v1/sessions", "/v1/usage", "/v1/realtime",
+                                                        "/v1/duplex", "/v1/voicechat", "/", "/ui/{name}"]
     VoiceChatDuplexPlugin(encode_audio)  # a second load mounts nothing more
-    assert len(fake_api.router.routes) == 6
+    assert len(fake_api.router.routes) == 8
 
 
 def test_the_built_in_page_is_served_through_vllm_omnis_app(mounted):
@@ -215,3 +215,23 @@ def test_the_built_in_page_is_served_through_vllm_omnis_app(mounted):
     with urllib.request.urlopen(base + "/ui/capture-worklet.js", timeout=10) as r:
         assert r.headers["Content-Type"] == "text/javascript; charset=utf-8"
         assert b'registerProcessor("voicechat-capture", CaptureProcessor)' in r.read()
+
+
+def test_our_metrics_are_on_vllms_own_metrics_route_and_usage_is_ours(mounted):
+    """vLLM's /metrics (its Prometheus registry, the process default with one API server) carries our series next to
+    vLLM's own; /v1/usage and /v1/sessions are our routes."""
+    import json
+    import urllib.request
+
+    url, app, mount, _ = mounted
+    v3_turn(url)
+    http = url.replace("ws://", "http://")
+    metrics = urllib.request.urlopen(http + "/metrics", timeout=10).read().decode()
+    assert "/metrics" not in [r.path for r in mount.routes()]  # the route that answered is vLLM's
+    assert "http_requests_total" in metrics  # vLLM's instrumentator, in the same exposition
+    assert 'voicechat_sessions_admitted_total{dialect="v3"}' in metrics
+    assert 'voicechat_responses_total{dialect="v3",status="completed"}' in metrics
+    usage = json.load(urllib.request.urlopen(http + "/v1/usage", timeout=10))
+    assert usage["sessions"]["admitted"]["v3"] == mount.server.usage.admitted["v3"] >= 1
+    sessions = json.load(urllib.request.urlopen(http + "/v1/sessions", timeout=10))
+    assert sessions["max_sessions"] == 4

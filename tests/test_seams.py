@@ -63,6 +63,15 @@ def test_sans_io_layers_do_not_touch_clocks_threads_or_sockets():
             assert not (_imports(path) & forbidden), path
 
 
+def test_the_tallies_are_pure_and_only_the_exporter_imports_prometheus():
+    for path in (PACKAGE / "ops").glob("*.py"):
+        if path.name != "prometheus.py":
+            assert not (_imports(path) & {"asyncio", "threading", "socket", "time", "prometheus_client"}), path
+    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if "prometheus_client" in _imports(p) and p.relative_to(PACKAGE) != Path("ops/prometheus.py")]
+    assert offenders == []
+
+
 def _relative_imports(path: Path) -> set[str]:
     """The package-relative modules ``path`` imports (``..sim.model`` from client/x.py -> ``sim.model``)."""
     tree = ast.parse(path.read_text(), str(path))

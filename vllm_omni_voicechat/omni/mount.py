@@ -103,9 +103,21 @@ class VoicechatMount:
             return False
         return True
 
+    async def sessions(self, request: Request) -> JSONResponse:
+        if self.server is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return await self.server.sessions_endpoint(request)
+
+    async def usage(self, request: Request) -> JSONResponse:
+        if self.server is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return await self.server.usage_endpoint(request)
+
     def routes(self) -> list:
-        return [Route("/health", self.health), WebSocketRoute("/v1/realtime", self.realtime),
-                WebSocketRoute("/v1/duplex", self.realtime), WebSocketRoute("/v1/voicechat", self.v3), *page_routes()]
+        """Ours, ahead of vLLM-Omni's. ``/metrics`` stays vLLM's: our collector is in the registry it serves."""
+        return [Route("/health", self.health), Route("/v1/sessions", self.sessions), Route("/v1/usage", self.usage),
+                WebSocketRoute("/v1/realtime", self.realtime), WebSocketRoute("/v1/duplex", self.realtime),
+                WebSocketRoute("/v1/voicechat", self.v3), *page_routes()]
 
 
 def pings_off(app: Any) -> bool:
@@ -180,5 +192,5 @@ def install(mount: VoicechatMount, router: Any = None) -> bool:
 
     router.lifespan_context = lifespan
     setattr(router, _MARKER, True)
-    log.info("voicechat routes mounted: /health /v1/realtime /v1/duplex /v1/voicechat / /ui/")
+    log.info("voicechat routes mounted: /health /v1/sessions /v1/usage /v1/realtime /v1/duplex /v1/voicechat / /ui/")
     return True

@@ -21,10 +21,12 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from ..ops import prometheus
+from ..ops.usage import UsageBook
 from ..session.core import SessionConfig, SessionCore
 from ..shell.aio import SessionShell
 from ..trace.tap import tap_socket
@@ -60,6 +62,10 @@ class VoicechatServer:
         self.tiered: dict[str, Attachment] = {}  # live and detached tiered sessions (either lane), for session.resume
         self.warmup: WarmupReport | None = None
         self.backpressure: deque[dict[str, Any]] = deque(maxlen=256)  # the last ended sessions (benchmarks, tests)
+        self.usage = UsageBook(self.started_at)  # what every session did: /v1/usage, /v1/sessions, Prometheus
+        self.dialects: dict[str, str] = {}  # live session id -> dialect
+        self.draining: dict[str, tuple[str, float]] = {}  # ended, slot freed, socket still closing: (dialect, since)
+        prometheus.install(self)  # this process's /metrics (ours standalone, vLLM's inside vllm-omni serve)
 
     def outbox(self, session_id: str) -> Outbox | None:
         """The outbound queue of a live session's current socket (benchmarks, tests)."""
@@ -112,6 +118,54 @@ class VoicechatServer:
             }
         )
 
+    # ================================================================ operators' views (off the WebSocket path)
+
+    def sessions_status(self, now: float) -> dict[str, Any]:
+        """Every slot: idle, or a session that is active / detached (grace left); plus the sessions draining
+        (ended, their socket still closing). Counts and states only: no audio, text or credentials."""
+        rows: list[dict[str, Any]] = []
+        for session_id, shell in list(self.sessions.items()):
+            att = self.attachments.get(session_id)
+            tally = self.usage.live.get(session_id)
+            row: dict[str, Any] = {"session_id": session_id, "dialect": self.dialects.get(session_id),
+                                   "age_s": round(now - tally.started_at, 3) if tally is not None else None,
+                                   "positions": shell.positions, "state": "active"}
+            detached_at = getattr(att.protocol, "detached_at", None) if att is not None else None
+            if detached_at is not None:
+                row["state"] = "detached"
+                row["grace_left_s"] = round(max(0.0, self.config.disconnect_grace_s - (now - detached_at)), 3)
+            rows.append(row)
+        idle = max(0, self.admission.capacity - self.admission.active)
+        return {
+            "max_sessions": self.admission.capacity,
+            "active": sum(1 for r in rows if r["state"] == "active"),
+            "detached": sum(1 for r in rows if r["state"] == "detached"),
+            "idle": idle,
+            "slots": rows + [{"state": "idle"} for _ in range(idle)],
+            "draining": [{"session_id": sid, "dialect": d, "draining_s": round(now - since, 3)}
+                         for sid, (d, since) in list(self.draining.items())],
+        }
+
+    def operator_gauges(self) -> dict[str, float]:
+        detached = journal_bytes = 0
+        for att in list(self.tiered.values()):
+            protocol = att.protocol
+            if protocol.detached_at is not None:
+                detached += 1
+            if protocol.journal is not None:
+                journal_bytes += protocol.journal.retained_bytes
+        return {"active": self.admission.active - detached, "detached": detached, "queued": 0,
+                "journal_bytes": journal_bytes}
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(prometheus.exposition(), media_type=prometheus.CONTENT_TYPE)
+
+    async def sessions_endpoint(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.sessions_status(time.monotonic()))
+
+    async def usage_endpoint(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.usage.to_json(time.monotonic()))
+
     # ================================================================ the v3 dialect
 
     async def v3(self, websocket: WebSocket) -> None:
@@ -119,6 +173,7 @@ class VoicechatServer:
         await websocket.accept()
         slot = self.admission.try_acquire()
         if slot is None:
+            self.usage.reject("v3", "busy")
             await self._answer(websocket, busy_error(self.config.ids.uuid()).text, CLOSE_BUSY, "server_busy")
             return
         cfg = self.config
@@ -136,7 +191,8 @@ class VoicechatServer:
         protocol = V3Session(core, V3Options(default_instructions=cfg.default_instructions,
                                              single_client=cfg.max_sessions == 1,
                                              legacy_turns=cfg.v3_turns == "legacy",
-                                             max_inbox_messages=cfg.max_inbox_messages))
+                                             max_inbox_messages=cfg.max_inbox_messages),
+                             tally=self.usage.admit(core.session_id, "v3", time.monotonic()))
         try:
             await self.serve(websocket, protocol, "v3", slot=slot)
         finally:
@@ -184,6 +240,7 @@ class VoicechatServer:
                 return
         slot = self.admission.try_acquire()
         if slot is None:
+            self.usage.reject("tiered", "resource_exhausted")
             limit = self.admission.capacity
             err = self._error("resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}", retryable=True)
             await self._answer(websocket, err, CLOSE_TRY_AGAIN_LATER, "resource_exhausted")
@@ -214,6 +271,7 @@ class VoicechatServer:
                 journal_ttl_s=cfg.journal_ttl_s,
                 ids=cfg.ids,
             ),
+            tally=self.usage.admit(core.session_id, "tiered", time.monotonic()),
         )
         try:
             await self.serve(websocket, protocol, "tiered", first=first, slot=slot)
@@ -250,6 +308,7 @@ class VoicechatServer:
                 await att.sink(item)
             if slot is not None:
                 slot.release()
+            self.usage.end(protocol.session_id, ended_reason(att), time.monotonic())
             first_outbox.close(att.close_code or 1011, att.close_reason)
             await first_outbox.closed()
             return
@@ -259,6 +318,7 @@ class VoicechatServer:
         att.shell = shell
         session_id = protocol.session_id
         self.sessions[session_id] = shell
+        self.dialects[session_id] = dialect
         self.attachments[session_id] = att
         if dialect == "tiered":
             self.tiered[session_id] = att
@@ -272,6 +332,7 @@ class VoicechatServer:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             self.sessions.pop(session_id, None)
+            self.dialects.pop(session_id, None)
             self.attachments.pop(session_id, None)
             self.tiered.pop(session_id, None)
             if shell.cleanup_error is not None:
@@ -279,7 +340,12 @@ class VoicechatServer:
                 log.error("session %s: %s; refusing new sessions", session_id, self.cleanup_failure)
             if slot is not None:
                 slot.release()
-            await att.finish()
+            self.usage.end(session_id, ended_reason(att), time.monotonic())
+            self.draining[session_id] = (dialect, time.monotonic())
+            try:
+                await att.finish()
+            finally:
+                self.draining.pop(session_id, None)
             self.backpressure.append(att.stats(dialect))
             log.info("%s session %s ended after %d positions (close %s %s%s)", dialect, session_id, shell.positions,
                      att.close_code or 1000, att.close_reason or "",
@@ -307,12 +373,15 @@ class VoicechatServer:
     async def _resume(self, websocket: WebSocket, request: tiered_parser.SessionResume) -> None:
         att = self.tiered.get(request.session_id)
         if att is None or att.ended.is_set():
+            self.usage.resume_refused()
             await self._answer(websocket, self._error("session_resume_expired", "no live session with that id",
                                                       event_id=request.event_id), 1000, "session_resume_expired")
             return
         async with att.lock:  # nothing below waits: the replay and live events cannot interleave
-            outcome = att.protocol.resume(request, time.monotonic())
+            received = time.monotonic()
+            outcome = att.protocol.resume(request, received)
             if not outcome.ok:
+                self.usage.resume_refused()
                 for item in outcome.outputs:
                     with contextlib.suppress(Exception):
                         await websocket.send_text(item.text)
@@ -329,6 +398,7 @@ class VoicechatServer:
                 outbox.put(item.text, force=True)  # the journal bounds the replay
             last = [o.seq for o in outcome.outputs if o.seq is not None]
             att.sent_through = max([att.sent_through, *last])
+            self.usage.resumed(time.monotonic() - received)  # request -> replay queued on the new socket
         try:
             await self._read(att, websocket)  # until this socket drops, is replaced, or the session ends
         finally:
@@ -353,6 +423,9 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
         lifespan=lifespan,
         routes=[
             Route("/health", server.health),
+            Route("/v1/sessions", server.sessions_endpoint),
+            Route("/v1/usage", server.usage_endpoint),
+            Route("/metrics", server.metrics_endpoint),
             WebSocketRoute("/v1/realtime", server.realtime),
             WebSocketRoute("/v1/duplex", server.realtime),
             WebSocketRoute("/v1/voicechat", server.v3),
@@ -361,6 +434,14 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
     )
     app.state.voicechat = server
     return app
+
+
+def ended_reason(att: Attachment) -> str:
+    """How a session ended, from a bounded set: its close reason (an error code or a ``session.closed`` reason),
+    else ``disconnect`` (the client left)."""
+    if att.close_code is None:
+        return "disconnect"
+    return att.close_reason or "completed"
 
 
 def _refusal_code(outputs: list[Any]) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ...ids import SYSTEM_IDS, Ids
 from ...model.port import SessionPrompt, StepResult
+from ...ops.tally import SessionTally
 from ...runner.stage0 import Position
 from ...session import events as ev
 from ...session.commands import (
@@ -72,8 +73,11 @@ TieredOutput = Outbound | ev.Effect | CloseTransport
 
 
 class TieredSession:
-    def __init__(self, core: SessionCore, options: TieredOptions | None = None) -> None:
+    def __init__(self, core: SessionCore, options: TieredOptions | None = None, *,
+                 tally: SessionTally | None = None) -> None:
         self.core = core
+        self.tally = tally
+        """Counts what the session does (``ops/tally.py``), fed every core output with its ``now``."""
         self.options = o = options or TieredOptions()
         self.session_id = core.session_id
         self.lane = o.lane
@@ -475,6 +479,8 @@ class TieredSession:
         return self.outgoing.transport(event)
 
     def _error(self, code: str, message: str, event_id: Any, param: str | None, now: float) -> list[TieredOutput]:
+        if self.tally is not None:
+            self.tally.wire_error(code)
         # a list: the error may come with a journal-overflow notice, and both must go out
         return self._emit([se.error_event(code, message, event_id=event_id, param=param)], now)
 
@@ -485,6 +491,8 @@ class TieredSession:
         return self._emit(answer, now)
 
     def _project(self, outputs: list[ev.Output], now: float) -> list[TieredOutput]:
+        if self.tally is not None:
+            self.tally.observe_all(outputs, now)
         wire: list[TieredOutput] = []
         for o in outputs:
             if isinstance(o, ev.Effect):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...model.port import SessionPrompt, StepResult
+from ...ops.tally import SessionTally
 from ...runner.stage0 import Position
 from ...session import events as ev
 from ...session.commands import (
@@ -69,8 +70,11 @@ def _is_int(value: Any) -> bool:
 
 
 class V3Session:
-    def __init__(self, core: SessionCore, options: V3Options | None = None) -> None:
+    def __init__(self, core: SessionCore, options: V3Options | None = None, *,
+                 tally: SessionTally | None = None) -> None:
         self.core = core
+        self.tally = tally
+        """Counts what the session does (``ops/tally.py``), fed every core output with its ``now``."""
         self.options = options = options or V3Options()
         if options.legacy_turns != core.model_turns:
             raise ValueError("legacy v3 turns need a core with turn_policy='model' (and only they do)")
@@ -118,7 +122,7 @@ class V3Session:
 
     def poisoned(self, failure: str, now: float) -> list[V3Output]:
         """The previous session's model cleanup failed: this session fails before it starts."""
-        return self._project(self.core.abort_session("model_cleanup_failed", failure, now))
+        return self._project(self.core.abort_session("model_cleanup_failed", failure, now), now)
 
     @property
     def held_messages(self) -> int:
@@ -173,7 +177,7 @@ class V3Session:
 
     def poll(self, now: float) -> Tick:
         tick = self.core.poll(now)
-        outputs = self._project(tick.outputs)
+        outputs = self._project(tick.outputs, now)
         if self._held and not self.at_barrier:
             outputs = self._release(outputs, now)
             if tick.position is None:
@@ -181,22 +185,22 @@ class V3Session:
         return Tick(outputs, tick.position, tick.wake_at)
 
     def complete(self, position: Position, result: StepResult, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.complete(position, result, now)), now)
+        return self._release(self._project(self.core.complete(position, result, now), now), now)
 
     def fail(self, position: Position, error: BaseException, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.fail(position, error, now)), now)
+        return self._release(self._project(self.core.fail(position, error, now), now), now)
 
     def prefilled(self, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.prefilled(now)), now)
+        return self._release(self._project(self.core.prefilled(now), now), now)
 
     def prefill_failed(self, error: BaseException, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.prefill_failed(error, now)), now)
+        return self._release(self._project(self.core.prefill_failed(error, now), now), now)
 
     def synthesis_done(self, job_id: str, pcm16: bytes, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.synthesis_done(job_id, pcm16, now)), now)
+        return self._release(self._project(self.core.synthesis_done(job_id, pcm16, now), now), now)
 
     def synthesis_failed(self, job_id: str, error: BaseException, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.synthesis_failed(job_id, error, now)), now)
+        return self._release(self._project(self.core.synthesis_failed(job_id, error, now), now), now)
 
     def disconnect(self, now: float) -> list[V3Output]:
         return self.core.disconnect(now)  # type: ignore[return-value]  # effects only: nothing is published
@@ -243,8 +247,7 @@ class V3Session:
                     client_event_id=cid,
                     details={"requested_version": requested},
                     closed=("failed", "unsupported_protocol_version"),
-                )
-            )
+                ), now)
         if version is not _MISSING and not version_ok:
             return [
                 self._error(
@@ -287,7 +290,7 @@ class V3Session:
             except InvalidTools as exc:
                 return [self._error("invalid_tools", str(exc), cid)]
         self._model_output_mode = mode
-        return self._project(self.core.receive(Configure(SessionPrompt(instructions, tools), cid), now))
+        return self._project(self.core.receive(Configure(SessionPrompt(instructions, tools), cid), now), now)
 
     def _append(self, msg: dict, now: float) -> list[V3Output]:
         cid = _event_id(msg)
@@ -297,7 +300,7 @@ class V3Session:
             pcm = decode_append(msg)
         except AudioRejected as rejected:
             return [self._error(rejected.code, rejected.message, cid)]
-        return self._project(self.core.receive(AppendAudio(pcm, cid, self._wire_bytes), now))
+        return self._project(self.core.receive(AppendAudio(pcm, cid, self._wire_bytes), now), now)
 
     def _barrier(self, msg: dict, now: float) -> list[V3Output]:
         if self.options.legacy_turns:  # the model owns turns: there are no client barriers
@@ -321,12 +324,11 @@ class V3Session:
             for o in outputs
         ):
             self._awaiting_ack = event_id  # queued behind the work before it: later frames wait for its ack
-        return self._project(outputs)
+        return self._project(outputs, now)
 
     def _typed(self, msg: dict, now: float) -> list[V3Output]:
         return self._project(
-            self.core.receive(RequestTypedInput(msg.get("job_id"), msg.get("text"), _event_id(msg)), now)
-        )
+            self.core.receive(RequestTypedInput(msg.get("job_id"), msg.get("text"), _event_id(msg)), now), now)
 
     def _item_create(self, msg: dict, now: float) -> list[V3Output]:
         cid = _event_id(msg)
@@ -342,20 +344,24 @@ class V3Session:
             model_output_negotiated=self._model_output_mode == MODEL_OUTPUT_MODE,
             client_event_id=cid,
         )
-        return self._project(self.core.receive(command, now))
+        return self._project(self.core.receive(command, now), now)
 
     def _stop(self, msg: dict, now: float) -> list[V3Output]:
-        return self._project(self.core.receive(Stop(_event_id(msg)), now))
+        return self._project(self.core.receive(Stop(_event_id(msg)), now), now)
 
     # ================================================================ outputs
 
     def _error(self, code: str, message: str, client_event_id: Any = None, **details: Any) -> Outbound:
+        if self.tally is not None:
+            self.tally.wire_error(code)
         return _text(self.projector.error(code, message, False, client_event_id, **details))
 
     def _violation(self, code: str, message: str, now: float, client_event_id: str | None) -> list[V3Output]:
-        return self._project(self.core.abort_session(code, message, now, client_event_id=client_event_id))
+        return self._project(self.core.abort_session(code, message, now, client_event_id=client_event_id), now)
 
-    def _project(self, outputs: list[ev.Output]) -> list[V3Output]:
+    def _project(self, outputs: list[ev.Output], now: float) -> list[V3Output]:
+        if self.tally is not None:
+            self.tally.observe_all(outputs, now)
         wire: list[V3Output] = []
         for o in outputs:
             if isinstance(o, ev.Effect):

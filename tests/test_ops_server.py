@@ -1,0 +1,84 @@
+"""The operators' endpoints of the standalone server over real sockets (issue 20): ``/v1/sessions`` while a session
+runs, ``/v1/usage`` and ``/metrics`` after scripted sessions, with exact counts."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_omni_voicechat.audio.speech import render_speech
+from vllm_omni_voicechat.ops.prometheus import VoicechatCollector
+from vllm_omni_voicechat.server import ServerConfig
+
+from .server_fixture import RawClient, running_app
+
+
+def get(url: str, path: str) -> tuple[str, bytes]:
+    with urllib.request.urlopen(url.replace("ws://", "http://") + path, timeout=10) as response:
+        return response.headers["content-type"], response.read()
+
+
+def spoken_turn(c: RawClient) -> list[dict]:
+    assert c.recv()["type"] == "session.created"
+    c.send({"type": "session.update", "event_id": "u", "session": {"protocol_version": 3, "instructions": "Hi."}})
+    c.recv_type("session.updated")
+    c.send({"type": "input_audio_buffer.turn_start", "event_id": "s", "client_turn_id": 1})
+    c.send({"type": "input_audio_buffer.append", "event_id": "a", "encoding": "pcm16", "sample_rate": 16000,
+            "channels": 1, "audio": base64.b64encode(render_speech("hello")).decode()})
+    c.send({"type": "input_audio_buffer.commit", "event_id": "c", "client_turn_id": 1})
+    return c.recv_until(lambda e: e["type"] == "response.done", skip_metrics=False)
+
+
+def test_sessions_usage_and_metrics_after_scripted_sessions():
+    with running_app(ServerConfig.simulator(max_sessions=1)) as (url, server):
+        first = RawClient(url + "/v1/voicechat")
+        events = spoken_turn(first)
+        _, body = get(url, "/v1/sessions")
+        status = json.loads(body)
+        assert status["max_sessions"] == 1 and status["active"] == 1 and status["idle"] == 0
+        (row,) = status["slots"]
+        assert row["state"] == "active" and row["dialect"] == "v3" and row["positions"] >= len(
+            [e for e in events if e["type"] == "voicechat.metrics" and e["frame"] is not None])
+        assert set(row) == {"session_id", "dialect", "age_s", "positions", "state"}  # no content, no credentials
+
+        busy = RawClient(url + "/v1/voicechat")  # every slot taken: the contract's immediate busy
+        assert busy.close_code() == 1013
+        tiered = RawClient(url + "/v1/duplex")
+        tiered.send({"type": "session.update", "session": {}})  # the full lane is admitted at its first message
+        assert tiered.close_code() == 1013
+
+        first.send("{not json")
+        first.recv_type("error")
+        first.send({"type": "session.stop", "event_id": "x"})
+        assert first.close_code() == 1000  # the session was folded into the book before its close
+
+        _, body = get(url, "/v1/usage")
+        usage = json.loads(body)
+        assert usage["sessions"] == {"admitted": {"v3": 1}, "rejected": {"tiered": {"resource_exhausted": 1},
+                                                                           "v3": {"busy": 1}},
+                                     "ended": {"v3": {first.expected_close_reason(): 1}}, "live": 0}
+        total = usage["total"]
+        positions = [e for e in first.received if e["type"] == "voicechat.metrics" and e["frame"] is not None]
+        assert total["sessions"] == 1 and total["positions"] == len(positions)
+        assert total["responses"] == {"completed": 1} and total["errors"] == {"invalid_json": 1}
+        assert total["commit_to_first_audio_seconds"]["count"] == 1
+        (ended,) = usage["ended_sessions"]
+        assert ended["dialect"] == "v3" and ended["positions"] == len(positions)
+
+        content_type, body = get(url, "/metrics")
+        assert content_type.startswith("text/plain; version=0.0.4")
+        names = {f.name for f in text_string_to_metric_families(body.decode())}
+        assert {"voicechat_sessions", "voicechat_model_positions", "voicechat_model_step_seconds",
+                "voicechat_errors"} <= names
+
+        registry = CollectorRegistry()  # this server alone (the process registry sums every server of the tests)
+        registry.register(VoicechatCollector([server]))
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+        assert samples[("voicechat_sessions_rejected_total", (("dialect", "v3"), ("reason", "busy")))] == 1
+        assert samples[("voicechat_responses_total", (("dialect", "v3"), ("status", "completed")))] == 1
+        assert samples[("voicechat_sessions", (("state", "active"),))] == 0

@@ -1,0 +1,173 @@
+"""Prometheus exposition of the usage books: a custom collector that reads them at scrape time, so the 80 ms path
+never touches a Prometheus lock. Registered once per process in ``prometheus_client``'s default registry: inside
+``vllm-omni serve`` our series appear on vLLM's own ``/metrics`` (vLLM serves that registry when it runs one API
+server, which our mount requires); the standalone server serves ``/metrics`` itself.
+
+Conventions: ``voicechat_`` prefix, base units (seconds, bytes), bounded labels only (dialect, kind, status,
+outcome, reason, code; never a session id).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from ..audio.frames import FRAME_SECONDS, OUTPUT_SAMPLE_RATE
+from .tally import Histogram
+from .usage import Totals, UsageBook
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Observed(Protocol):
+    """What a server offers the collector."""
+
+    usage: UsageBook
+
+    def operator_gauges(self) -> dict[str, float]:
+        """``active``, ``detached``, ``queued`` sessions and ``journal_bytes`` now."""
+        ...
+
+
+class VoicechatCollector:
+    """Sums the usage books of the servers it tracks (one per process in practice; tests run several)."""
+
+    def __init__(self, servers: Iterable[Observed] = ()) -> None:
+        self._servers: weakref.WeakSet[Any] = weakref.WeakSet(servers)
+        self._lock = threading.Lock()
+
+    def track(self, server: Observed) -> None:
+        with self._lock:
+            self._servers.add(server)
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on demand; no names reserved at registration
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            servers = list(self._servers)
+        gauges: dict[str, float] = {}
+        admitted: dict[tuple[str, ...], float] = {}
+        rejected: dict[tuple[str, ...], float] = {}
+        ended: dict[tuple[str, ...], float] = {}
+        resumes: dict[tuple[str, ...], float] = {}
+        totals: dict[str, Totals] = {}
+        replay = None
+        for server in servers:
+            for key, value in server.operator_gauges().items():
+                gauges[key] = gauges.get(key, 0) + value
+            book = server.usage
+            _add(admitted, {(d,): n for d, n in list(book.admitted.items())})
+            _add(rejected, dict(list(book.rejected.items())))
+            _add(ended, dict(list(book.ended.items())))
+            _add(resumes, {(o,): n for o, n in list(book.resumes.items())})
+            for dialect, t in book.totals().items():
+                totals.setdefault(dialect, Totals()).add(t)
+            if replay is None:
+                replay = _copy_histogram(book.resume_replay)
+            else:
+                replay.merge(book.resume_replay)
+
+        sessions = GaugeMetricFamily("voicechat_sessions", "Sessions now, by state (active, detached awaiting "
+                                     "resume, queued for a slot).", labels=["state"])
+        for state in ("active", "detached", "queued"):
+            sessions.add_metric([state], gauges.get(state, 0))
+        yield sessions
+        yield GaugeMetricFamily("voicechat_journal_bytes", "Resume-journal bytes retained by live tiered sessions.",
+                                value=gauges.get("journal_bytes", 0))
+        yield _counter("voicechat_sessions_admitted", "Sessions admitted.", ["dialect"], admitted)
+        yield _counter("voicechat_sessions_rejected", "Connections refused a session (busy, resource_exhausted, "
+                       "queue_full, queue_timeout).", ["dialect", "reason"], rejected)
+        yield _counter("voicechat_sessions_ended", "Sessions ended, by how they ended (a close reason or "
+                       "disconnect).", ["dialect", "reason"], ended)
+        yield _counter("voicechat_session_resumes", "Tiered session.resume requests, by outcome.", ["outcome"],
+                       resumes)
+
+        positions: dict[tuple[str, ...], float] = {}
+        over: dict[tuple[str, ...], float] = {}
+        audio_in: dict[tuple[str, ...], float] = {}
+        audio_out: dict[tuple[str, ...], float] = {}
+        responses: dict[tuple[str, ...], float] = {}
+        calls: dict[tuple[str, ...], float] = {}
+        typed: dict[tuple[str, ...], float] = {}
+        errors: dict[tuple[str, ...], float] = {}
+        for d, t in sorted(totals.items()):
+            _add(positions, {(d, k): n for k, n in t.positions.items()})
+            over[(d,)] = t.over_budget
+            audio_in[(d,)] = round(t.input_frames * FRAME_SECONDS, 6)
+            audio_out[(d,)] = t.output_samples / OUTPUT_SAMPLE_RATE
+            _add(responses, {(d, k): n for k, n in t.responses.items()})
+            _add(calls, {(d, k): n for k, n in t.function_calls.items()})
+            _add(typed, {(d, k): n for k, n in t.typed_jobs.items()})
+            _add(errors, {(d, k): n for k, n in t.errors.items()})
+        yield _counter("voicechat_model_positions", "Model positions run, by kind.", ["dialect", "kind"], positions)
+        yield _counter("voicechat_model_positions_over_budget", "Positions whose server step exceeded 80 ms.",
+                       ["dialect"], over)
+        yield _counter("voicechat_input_audio_seconds", "Client audio the model heard.", ["dialect"], audio_in)
+        yield _counter("voicechat_output_audio_seconds", "Assistant audio sent.", ["dialect"], audio_out)
+        yield _counter("voicechat_responses", "Responses ended, by status.", ["dialect", "status"], responses)
+        yield _counter("voicechat_function_calls", "Function calls by outcome (published, applied, failed, "
+                       "loop_limit).", ["dialect", "outcome"], calls)
+        yield _counter("voicechat_typed_jobs", "Typed-input jobs by disposition (completed, cancelled, replaced, "
+                       "error, rejected).", ["dialect", "disposition"], typed)
+        yield _counter("voicechat_errors", "Error events sent to clients, by code.", ["dialect", "code"], errors)
+        for name, doc, attr in (
+            ("voicechat_model_step_seconds", "One model position on the server (submit -> result).", "step"),
+            ("voicechat_commit_to_response_created_seconds", "User turn sealed -> response.created.",
+             "commit_to_created"),
+            ("voicechat_commit_to_first_audio_seconds", "User turn sealed -> the response's first audio.",
+             "commit_to_first_audio"),
+        ):
+            family = HistogramMetricFamily(name, doc, labels=["dialect"])
+            for d, t in sorted(totals.items()):
+                h = getattr(t, attr)
+                family.add_metric([d], h.cumulative(), sum_value=h.sum)
+            yield family
+        family = HistogramMetricFamily("voicechat_resume_replay_seconds", "session.resume received -> its replay "
+                                       "queued on the new socket.")
+        if replay is not None:
+            family.add_metric([], replay.cumulative(), sum_value=replay.sum)
+        yield family
+
+
+def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(list(key), value)
+    return family
+
+
+def _add(into: dict[tuple[str, ...], float], values: dict[Any, float]) -> None:
+    for key, value in values.items():
+        key = key if isinstance(key, tuple) else (key,)
+        into[key] = into.get(key, 0) + value
+
+
+def _copy_histogram(h: Histogram) -> Histogram:
+    out = Histogram(h.bounds)
+    out.merge(h)
+    return out
+
+
+_process_collector: VoicechatCollector | None = None
+_install_lock = threading.Lock()
+
+
+def install(server: Observed, registry: CollectorRegistry = REGISTRY) -> VoicechatCollector:
+    """Track ``server`` in this process's collector, registering it in ``registry`` the first time."""
+    global _process_collector
+    with _install_lock:
+        if _process_collector is None:
+            _process_collector = VoicechatCollector()
+            registry.register(_process_collector)
+        _process_collector.track(server)
+        return _process_collector
+
+
+def exposition(registry: CollectorRegistry = REGISTRY) -> bytes:
+    return generate_latest(registry)
