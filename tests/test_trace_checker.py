@@ -497,3 +497,39 @@ def test_a_checker_error_is_reported_not_raised():
     c = feed(TraceChecker("v3"), v3_open(e))
     c.server_event(e("error", error={"code": {"not": "hashable"}, "message": "m", "fatal": True}))
     assert any("checker error" in v for v in c.violations), c.violations
+
+
+# ============================================================================================= R7 admission queue
+
+
+def queued(*positions: int, done: bool = True) -> list:
+    events = [("S", tiered("session.queued", None, position=positions[0], estimated_wait_s=None))]
+    events += [("S", {**tiered("session.queue_update", None, position=p, estimated_wait_s=1.0),
+                      "event_id": f"event_queue_{i}"}) for i, p in enumerate(positions[1:])]
+    if done:
+        events.append(("S", tiered("session.queue_done", None, position=0, estimated_wait_s=None)))
+    return events
+
+
+def test_a_queued_session_passes():
+    trace = golden_tiered()
+    assert check(trace[:1] + queued(3, 2, 1) + trace[1:], "tiered") == []
+
+
+@pytest.mark.parametrize(("events", "expected"), [
+    (queued(2, 3), "queue position 2 -> 3 (must move up)"),
+    (queued(2, 2), "queue position 2 -> 2 (must move up)"),
+    (queued(1, done=False), "session.created while queued"),
+    ([("S", tiered("session.queue_done", None, position=0, estimated_wait_s=None))],
+     "session.queue_done without session.queued"),
+    (queued(0), "session.queued twice or at position 0"),
+])
+def test_queue_violations_are_reported(events, expected):
+    trace = golden_tiered()
+    assert any(expected in v for v in check(trace[:1] + events + trace[1:], "tiered"))
+
+
+def test_queue_events_after_the_session_began_are_reported():
+    trace = golden_tiered()
+    assert any("session.queued after the session began" in v
+               for v in check(trace[:3] + queued(1) + trace[3:], "tiered"))

@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="v3 turn ownership: client barriers (production) or the diagnostic RNNT-owned legacy mode",
     )
     serve.add_argument("--disconnect-grace-s", type=float, default=30.0, help="how long a dropped tiered session waits for session.resume")
+    serve.add_argument("--admission-queue", type=int, default=0, metavar="N",
+                       help="tiered connections that may wait for a slot when all are taken (0: answer busy at once)")
+    serve.add_argument("--admission-timeout-s", type=float, default=30.0, metavar="T",
+                       help="how long a queued connection may wait before the busy answer")
     serve.add_argument("--warmup-positions", type=int, default=0, help="silent positions run before admitting clients")
     serve.add_argument("--log-level", default="info")
     from .client import talk
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             v3_turns=args.v3_turns,
             disconnect_grace_s=args.disconnect_grace_s,
             warmup_positions=args.warmup_positions,
+            admission_queue=args.admission_queue,
+            admission_timeout_s=args.admission_timeout_s,
         )
         from .server.uvicorn import VoicechatUvicornServer, uvicorn_config
 

@@ -49,6 +49,8 @@ FIELDS: Mapping[str, tuple[type, float | None]] = {
     "journal_max_bytes": (int, 1),
     "journal_ttl_s": (float, 0.001),
     "disconnect_grace_s": (float, 0.0),
+    "admission_queue": (int, 0),
+    "admission_timeout_s": (float, 0.001),
     "handshake_timeout_s": (float, 0.001),
     "default_instructions": (str, None),
     "realtime_default": (str, None),

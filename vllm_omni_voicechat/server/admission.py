@@ -1,7 +1,10 @@
-"""Session admission: a fixed number of concurrent sessions; the rest are turned away as busy."""
+"""Session admission: a fixed number of concurrent sessions, and (off by default) a bounded FIFO of connections
+waiting for one. Synchronous bookkeeping on the server's loop; the waiting connection learns of its new position
+or its slot through the ``on_change`` callback it enqueued with (the server sets an asyncio event there)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 
@@ -21,23 +24,74 @@ class Slot:
             self._admission._release()
 
 
+class Ticket:
+    """A connection waiting in the queue: its 1-based ``position``, then its ``slot`` once admitted."""
+
+    __slots__ = ("position", "slot", "_on_change")
+
+    def __init__(self, position: int, on_change: Callable[[], None]) -> None:
+        self.position = position
+        self.slot: Slot | None = None
+        self._on_change = on_change
+
+
 class Admission:
-    def __init__(self, capacity: int, on_release: Callable[[], None] | None = None) -> None:
+    def __init__(self, capacity: int, on_release: Callable[[], None] | None = None, *, queue_capacity: int = 0) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
+        if queue_capacity < 0:
+            raise ValueError("queue_capacity must be >= 0")
         self.capacity = capacity
+        self.queue_capacity = queue_capacity
         self.active = 0
+        self.waiting: deque[Ticket] = deque()
         self.on_release = on_release  # observers (tests, metrics) learn when a slot frees
 
     def try_acquire(self) -> Slot | None:
-        if self.active >= self.capacity:
+        """A slot now, or None (every slot taken, or others are already queued for one: first come, first served)."""
+        if self.active >= self.capacity or self.waiting:
             return None
         self.active += 1
         return Slot(self)
+
+    def enqueue(self, on_change: Callable[[], None]) -> Ticket | None:
+        """Wait for a slot at the back of the queue; None when the queue is full (or off). With a slot free and
+        nobody waiting the ticket is admitted at once (position 0, its ``slot`` set)."""
+        slot = self.try_acquire()
+        if slot is not None:
+            ticket = Ticket(0, on_change)
+            ticket.slot = slot
+            return ticket
+        if len(self.waiting) >= self.queue_capacity:
+            return None
+        ticket = Ticket(len(self.waiting) + 1, on_change)
+        self.waiting.append(ticket)
+        return ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        """A queued connection gave up (disconnect, timeout): the ones behind it move up."""
+        try:
+            self.waiting.remove(ticket)
+        except ValueError:
+            return  # admitted meanwhile, or already gone
+        self._renumber()
+
+    def _renumber(self) -> None:
+        for position, ticket in enumerate(self.waiting, start=1):
+            if ticket.position != position:
+                ticket.position = position
+                ticket._on_change()
 
     def _release(self) -> None:
         if self.active <= 0:
             raise RuntimeError("release without acquire")
         self.active -= 1
+        if self.waiting:  # the freed slot goes to the head of the queue at once
+            head = self.waiting.popleft()
+            self.active += 1
+            head.slot = Slot(self)
+            head.position = 0
+            head._on_change()
+            self._renumber()
         if self.on_release is not None:
             self.on_release()

@@ -34,7 +34,7 @@ from ..wire.tiered import parser as tiered_parser
 from ..wire.tiered.connection import TieredOptions, TieredSession
 from ..wire.tiered.routing import UnknownRoute, duplex_off_answer_text, select_route
 from ..wire.tiered.schema import CLOSE_TRY_AGAIN_LATER
-from ..wire.tiered.session_events import handshake_error
+from ..wire.tiered.session_events import handshake_error, queue_event
 from ..wire.transport import close_reason
 from ..wire.v3 import PROTOCOL, V3Options, V3Session, busy_error
 from ..wire.v3.schema import CLOSE_BUSY
@@ -54,7 +54,7 @@ __all__ = ["VoicechatServer", "VoicechatUvicornServer", "create_app"]
 class VoicechatServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.admission = Admission(config.max_sessions)
+        self.admission = Admission(config.max_sessions, queue_capacity=config.admission_queue)
         self.started_at = time.monotonic()
         self.sessions: dict[str, SessionShell] = {}
         self.cleanup_failure: str | None = None  # set when a session's model abort failed: new sessions refused
@@ -144,6 +144,8 @@ class VoicechatServer:
             "slots": rows + [{"state": "idle"} for _ in range(idle)],
             "draining": [{"session_id": sid, "dialect": d, "draining_s": round(now - since, 3)}
                          for sid, (d, since) in list(self.draining.items())],
+            "queued": len(self.admission.waiting),
+            "queue_capacity": self.admission.queue_capacity,
         }
 
     def operator_gauges(self) -> dict[str, float]:
@@ -154,7 +156,8 @@ class VoicechatServer:
                 detached += 1
             if protocol.journal is not None:
                 journal_bytes += protocol.journal.retained_bytes
-        return {"active": self.admission.active - detached, "detached": detached, "queued": 0,
+        return {"active": self.admission.active - detached, "detached": detached,
+                "queued": len(self.admission.waiting),
                 "journal_bytes": journal_bytes}
 
     async def metrics_endpoint(self, request: Request) -> Response:
@@ -239,10 +242,22 @@ class VoicechatServer:
                 await self._answer(websocket, err, 1000, parsed.code)
                 return
         slot = self.admission.try_acquire()
+        held: list[str | bytes] = []  # what a queued client sent while it waited, handed over in order
+        if slot is None and self.admission.queue_capacity:
+            slot, reason = await self._queue_for_slot(websocket, held)
+            if slot is None and reason is None:
+                return  # the client left while queued
+        else:
+            reason = "resource_exhausted"
         if slot is None:
-            self.usage.reject("tiered", "resource_exhausted")
+            self.usage.reject("tiered", reason or "resource_exhausted")
             limit = self.admission.capacity
-            err = self._error("resource_exhausted", f"duplex_session_capacity_exhausted: limit={limit}", retryable=True)
+            message = f"duplex_session_capacity_exhausted: limit={limit}"
+            if reason == "queue_full":
+                message += f"; admission queue full ({self.admission.queue_capacity})"
+            elif reason == "queue_timeout":
+                message += f"; no slot within {self.config.admission_timeout_s:g} s in the admission queue"
+            err = self._error("resource_exhausted", message, retryable=True)
             await self._answer(websocket, err, CLOSE_TRY_AGAIN_LATER, "resource_exhausted")
             return
         cfg = self.config
@@ -269,14 +284,76 @@ class VoicechatServer:
                 disconnect_grace_s=cfg.disconnect_grace_s,
                 journal_max_bytes=cfg.journal_max_bytes,
                 journal_ttl_s=cfg.journal_ttl_s,
+                admission_queue=cfg.admission_queue,
                 ids=cfg.ids,
             ),
             tally=self.usage.admit(core.session_id, "tiered", time.monotonic()),
         )
         try:
-            await self.serve(websocket, protocol, "tiered", first=first, slot=slot)
+            await self.serve(websocket, protocol, "tiered", first=first, slot=slot, held=held)
         finally:
             slot.release()
+
+    async def _queue_for_slot(self, websocket: WebSocket, held: list[str | bytes]) -> tuple[Slot | None, str | None]:
+        """Wait in the admission queue: ``session.queued`` at once, ``session.queue_update`` when the position
+        changes, ``session.queue_done`` when a slot is ours. Returns (slot, None), or (None, why: ``queue_full`` /
+        ``queue_timeout``) for the busy answer, or (None, None) when the client left (it leaves the queue at once)."""
+        changed = asyncio.Event()
+        ticket = self.admission.enqueue(changed.set)
+        if ticket is None:
+            return None, "queue_full"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.admission_timeout_s
+        reader: asyncio.Task | None = None
+        if ticket.slot is not None:  # a slot was free after all: no queue events
+            return ticket.slot, None
+        try:
+            if not await self._send_queue_event(websocket, "session.queued", ticket.position):
+                return None, None
+            told = ticket.position
+            while ticket.slot is None:
+                if reader is None:
+                    reader = asyncio.ensure_future(websocket.receive())  # a disconnect must end the wait at once
+                waiter = asyncio.ensure_future(changed.wait())
+                done, _ = await asyncio.wait({reader, waiter}, timeout=max(0.0, deadline - loop.time()),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                changed.clear()
+                if reader in done:
+                    message, reader = reader.result(), None
+                    if message["type"] == "websocket.disconnect":
+                        return None, None
+                    data = message.get("text") if message.get("text") is not None else message.get("bytes")
+                    if data is not None and len(held) < self.config.max_inbox_messages:
+                        held.append(data)
+                if ticket.slot is None and not done:
+                    return None, "queue_timeout"
+                if ticket.slot is None and ticket.position != told:
+                    told = ticket.position
+                    if not await self._send_queue_event(websocket, "session.queue_update", told):
+                        return None, None
+            slot, ticket.slot = ticket.slot, None
+            if not await self._send_queue_event(websocket, "session.queue_done", 0):
+                slot.release()
+                return None, None
+            return slot, None
+        finally:
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+            if ticket.slot is not None:  # admitted while leaving: give the slot on at once
+                ticket.slot.release()
+            self.admission.leave(ticket)
+
+    async def _send_queue_event(self, websocket: WebSocket, type_: str, position: int) -> bool:
+        mean = self.usage.mean_duration_s()
+        wait = None if mean is None or position == 0 else position * mean / self.admission.capacity
+        try:
+            await websocket.send_text(queue_event(type_, server_event_id=f"event_{self.config.ids.hex(6)}",
+                                                  position=position, estimated_wait_s=wait))
+        except Exception:  # the client left
+            return False
+        return True
 
     def _error(self, code: str, message: str, **kw: Any) -> str:
         return handshake_error(code, message, server_event_id=f"event_{self.config.ids.hex(6)}", **kw)
@@ -292,7 +369,8 @@ class VoicechatServer:
     # ================================================================ one host path for both dialects
 
     async def serve(self, websocket: WebSocket, protocol: Any, dialect: str, *,
-                    first: str | bytes | None = None, slot: Slot | None = None) -> None:
+                    first: str | bytes | None = None, slot: Slot | None = None,
+                    held: list[str | bytes] | None = None) -> None:
         """Host an admitted session on ``websocket`` until it ends (stop, fatal error, disconnect or expiry).
 
         The session's ``slot`` is freed once the session has ended and its model is released, before its socket's
@@ -324,6 +402,8 @@ class VoicechatServer:
             self.tiered[session_id] = att
         if first is not None:
             shell.submit(first)
+        for message in held or ():
+            shell.submit(message)
         reader = asyncio.create_task(self._read(att, websocket))
         try:
             await shell.run()

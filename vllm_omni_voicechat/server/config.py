@@ -36,6 +36,12 @@ class ServerConfig:
     RNNT-owned mode: the model's end-of-utterance opens responses, ``turn_start`` is unsupported)."""
     """What a bare ``/v1/realtime`` (no ``duplex``/``model`` query, no ``OpenAI-Beta``) speaks: v3 | tiered |
     tiered-openai."""
+    admission_queue: int = 0
+    """Tiered connections that may wait for a slot when every slot is taken (a FIFO with ``session.queued`` /
+    ``queue_update`` / ``queue_done``); 0: none, a full server answers busy at once. v3 always answers busy at
+    once (its contract defines nothing before ``session.created``)."""
+    admission_timeout_s: float = 30.0
+    """How long a connection may wait in that queue before it gets the busy answer."""
     disconnect_grace_s: float = DISCONNECT_GRACE_S
     """How long a detached tiered session waits for ``session.resume``."""
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S

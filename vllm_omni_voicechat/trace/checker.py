@@ -23,6 +23,8 @@ R6  endings: after a fatal error only ``session.closed`` (v3: for the codes the 
     may also close brackets) and then the contract's close code; nothing after ``session.closed`` /
     ``session.expired`` / ``session.replaced`` or the close; a server close needs a terminal event first; a server
     close leaves no response open.
+R7  tiered admission queue: ``session.queued`` (position >= 1), then ``session.queue_update`` with smaller positions,
+    then ``session.queue_done`` (position 0), all before ``session.created`` and never after the session began.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import json
 from collections import deque
 from typing import Any, Literal
 
+from ..wire.tiered.session_events import QUEUE_EVENTS
 from .rejections import BINARY, INVALID, Owed, echo_key, expected_text, is_int, predict_tiered, predict_v3
 
 Dialect = Literal["v3", "tiered", "tiered-openai"]
@@ -130,6 +133,7 @@ class TraceChecker:
         # endings
         self._greeted = False
         self._greeted_session = False
+        self._queue_position: int | None = None  # the admission queue's last position told (0: admitted)
         self._terminal: str | None = None  # why no further event may come
         self._fatal: str | None = None  # the fatal code, once seen
         self._closed_after_fatal = False
@@ -294,15 +298,22 @@ class TraceChecker:
         self._violations.append(text)
 
     def _envelope(self, where: str, index: int, type_: str, event: dict) -> None:
-        if self.dialect == "tiered" and self.stream == "socket" and not self._greeted_session and not self._resumed:
+        if self.dialect == "tiered" and type_ in QUEUE_EVENTS:
+            if self._greeted_session or self._resumed:
+                self._fail(f"{where}: {type_} after the session began")
+            elif self.stream == "socket":
+                self._queue(where, type_, event)
+        elif self.dialect == "tiered" and self.stream == "socket" and not self._greeted_session and not self._resumed:
             if type_ in ("session.created", "session.resumed"):
                 self._greeted_session = True
+                if self._queue_position not in (None, 0):
+                    self._fail(f"{where}: session.created while queued (no session.queue_done)")
             elif self._greeted and type_ not in ("error", "session.resync_required"):
                 self._fail(f"{where}: sent before session.created")
         if not self._greeted:
             self._greeted = True
             first_ok = type_ in ("session.created", "error") or (
-                self.dialect == "tiered" and type_ in ("session.resumed", "session.resync_required"))
+                self.dialect == "tiered" and type_ in ("session.resumed", "session.resync_required", *QUEUE_EVENTS))
             if self.dialect == "tiered" and self.stream == "session":
                 first_ok = True
             if not first_ok:
@@ -324,6 +335,23 @@ class TraceChecker:
                 self._session_id = sid
             elif sid != self._session_id:
                 self._fail(f"{where}: session_id {sid!r} differs from {self._session_id!r}")
+
+    def _queue(self, where: str, type_: str, event: dict) -> None:
+        """The admission queue: queued first, then updates with a smaller position, then done (position 0)."""
+        position = event.get("position")
+        if not is_int(position) or position < 0:
+            self._fail(f"{where}: {type_} without a position")
+            return
+        if type_ == "session.queued":
+            if self._queue_position is not None or position < 1:
+                self._fail(f"{where}: session.queued twice or at position {position}")
+        elif self._queue_position in (None, 0):
+            self._fail(f"{where}: {type_} without session.queued before it")
+        elif type_ == "session.queue_update" and not 1 <= position < self._queue_position:
+            self._fail(f"{where}: queue position {self._queue_position} -> {position} (must move up)")
+        elif type_ == "session.queue_done" and position != 0:
+            self._fail(f"{where}: session.queue_done at position {position}")
+        self._queue_position = position
 
     def _tiered_stream(self, where: str, type_: str, event: dict) -> None:
         seq = event.get("server_event_seq")

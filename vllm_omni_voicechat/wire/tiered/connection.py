@@ -56,6 +56,8 @@ class TieredOptions:
     journal_max_bytes: int = DEFAULT_MAX_BYTES
     journal_ttl_s: float = DEFAULT_TTL_S
     max_pending_input_bytes: int = MAX_PENDING_INPUT_BYTES
+    admission_queue: int = 0
+    """How many connections the server lets wait for a slot (advertised in capabilities; 0: none)."""
     ids: Ids = SYSTEM_IDS
     """Where resume tokens come from (a seeded source makes a session reproducible)."""
 
@@ -89,6 +91,7 @@ class TieredSession:
             max_sessions=o.max_sessions,
             function_call_timeout_s=core.config.function_call_timeout_s,
             max_function_calls=core.config.max_function_calls_per_response,
+            admission_queue=o.admission_queue,
         )
         self.projector = self._new_projector()
         self.lease = Lease(resumable=self.tier3, grace_s=o.disconnect_grace_s, journal_max_bytes=o.journal_max_bytes,

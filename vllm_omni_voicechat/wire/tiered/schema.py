@@ -25,6 +25,7 @@ def capabilities(
     max_sessions: int,
     function_call_timeout_s: float,
     max_function_calls: int,
+    admission_queue: int = 0,
 ) -> dict[str, Any]:
     """What is true for this runtime (0.30's key set, plus a few keys clients ignore when unknown)."""
     return {
@@ -45,6 +46,8 @@ def capabilities(
         "supports_session_lease": True,
         "supports_multi_session": max_sessions > 1,
         "session_admission_mode": "server_managed",
+        "supports_admission_queue": admission_queue > 0,
+        "admission_queue_max": admission_queue,
         "supports_text_only_turn": typed_input,
         "supports_rollback_to_checkpoint": False,
         "supports_reencode_context": False,

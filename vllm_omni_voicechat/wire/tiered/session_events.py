@@ -31,6 +31,21 @@ def handshake_error(code: str, message: str, *, server_event_id: str, event_id: 
     return compact_json({"type": "error", "event_id": server_event_id, "error": body["error"]})
 
 
+QUEUE_EVENTS = ("session.queued", "session.queue_update", "session.queue_done")
+"""The admission queue's events (names as in the MiniCPM-o duplex server): sent before ``session.created`` to a
+connection that waits for a slot, transport-level (no ``server_event_seq``, never journaled)."""
+
+
+def queue_event(type_: str, *, server_event_id: str, position: int, estimated_wait_s: float | None) -> str:
+    """``session.queued`` / ``session.queue_update`` (``position`` from 1) or ``session.queue_done`` (position 0);
+    ``estimated_wait_s`` comes from observed session durations (None until one session has ended)."""
+    if type_ not in QUEUE_EVENTS:
+        raise ValueError(type_)
+    wait = None if estimated_wait_s is None else round(estimated_wait_s, 1)
+    return compact_json({"type": type_, "event_id": server_event_id, "position": position,
+                         "estimated_wait_s": wait})
+
+
 def session_event(type_: str, session: dict) -> WireEvent:
     """``session.created`` / ``session.updated`` around a rendered ``session`` object."""
     return {"type": type_, "session": session}
