@@ -1252,3 +1252,40 @@ def test_after_the_fatal_position_limit_mid_response_only_terminals_follow():
         checker.server_event(event)
     checker.transport_closed(d.outputs[-1].code)
     checker.check()
+
+
+def test_response_done_carries_usage_in_80_ms_positions_and_model_text_tokens(tiered):
+    """OpenAI clients read ``response.usage``; here a token is one 80 ms position of audio (heard since the previous
+    response opened; sent in this one) or one model text token (issue 20)."""
+    from vllm_omni_voicechat.session import events as ev
+
+    class Recorder:  # sees the core's native events, as a tally does
+        def __init__(self) -> None:
+            self.native: list = []
+
+        def observe_all(self, outputs: list, now: float) -> None:
+            self.native += outputs
+
+        def wire_error(self, code: str) -> None:
+            pass
+
+    for lane in ("full", "openai"):
+        d = tiered(lane=lane)
+        d.session.tally = recorder = Recorder()
+        speak(d, **({"sample_rate_hz": 16_000} if lane == "openai" else {}))
+        events = d.run()
+        native = recorder.native
+        (done,) = [e for e in events if e["type"] == "response.done"]
+        created_at = next(i for i, o in enumerate(native) if isinstance(o, ev.ResponseCreated))
+        heard = sum(1 for o in native[:created_at]
+                    if isinstance(o, ev.PositionMetrics) and o.frame is not None and o.input_audio)
+        text = sum(1 for o in native if isinstance(o, ev.TextDelta))
+        audio_ms = sum(len(o.pcm) for o in native if isinstance(o, ev.AudioDelta)) * 1000 // (2 * 22_050)
+        usage = done["response"]["usage"]
+        assert usage["input_token_details"] == {"text_tokens": 0, "audio_tokens": heard, "cached_tokens": 0}
+        assert heard > 10 and text > 0
+        assert usage["output_token_details"] == {"text_tokens": text, "audio_tokens": -(-audio_ms // 80)}
+        assert usage["output_tokens"] == text + -(-audio_ms // 80)
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] and usage["input_tokens"] == heard
+        if lane == "openai":  # the full lane's metadata is Tier 3's own
+            validate_openai_server_event(done)

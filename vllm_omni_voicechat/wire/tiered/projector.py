@@ -68,6 +68,7 @@ class TieredProjector:
         self.input_ms = 0
         """Milliseconds of microphone audio received so far (speech event timestamps)."""
         self._response_seq = 0
+        self._heard_positions = 0  # positions that heard client audio since the last response opened (its usage)
         self._waiting_calls: set[str] = set()  # native responses inside a function cycle (output dropped)
         self._user_turn_item: dict[str, str] = {}
         self.pending_create = False
@@ -100,6 +101,10 @@ class TieredProjector:
     # ================================================================ native events
 
     def project(self, e: ev.NativeEvent) -> list[WireEvent]:  # noqa: C901 - one branch per event type
+        if type(e) is ev.PositionMetrics:
+            if e.frame is not None and e.input_audio:
+                self._heard_positions += 1
+            return []
         if not self.fence.admits(e):
             return []
         match e:
@@ -198,6 +203,7 @@ class TieredProjector:
         encoder = OutputEncoder(self.output_format, self.output_rate) if "audio" in self.modalities else None
         r = WireResponse(rid, native_id, self.epoch, self.modalities,
                          PlaybackLedger(rid, self.commit_policy), encoder)  # type: ignore[arg-type]
+        r.input_audio_tokens, self._heard_positions = self._heard_positions, 0
         self.responses[rid] = r
         self.active = self.last = r
         self.pending_create = False
@@ -240,6 +246,7 @@ class TieredProjector:
         out, r = self._delivering(e.response_id)
         if r is None:
             return out
+        r.text_tokens += 1
         if r.audio:
             r.text_pending += e.delta  # paired with the next non-empty audio delta
             return out

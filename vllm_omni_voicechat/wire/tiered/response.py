@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...audio.frames import FRAME_MS
 from .audio import OutputEncoder
 from .ledger import PlaybackLedger
 from .parser import error_class
@@ -32,6 +33,21 @@ class WireResponse:
     status: str = "in_progress"
     superseded: bool = False
     """A later user turn was committed after it ended: playback acks for it change nothing."""
+    input_audio_tokens: int = 0
+    """Usage: positions that heard client audio since the previous response opened (one token = 80 ms)."""
+    text_tokens: int = 0
+    """Usage: the model's text tokens in this response (one per text delta)."""
+
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's ``response.usage`` in this model's units: a token is one 80 ms position of audio (in: heard,
+        out: sent) or one text token of the model; nothing is cached."""
+        audio_out = -(-self.ledger.sent_ms // FRAME_MS)
+        out = audio_out + self.text_tokens
+        return {"total_tokens": self.input_audio_tokens + out, "input_tokens": self.input_audio_tokens,
+                "output_tokens": out,
+                "input_token_details": {"text_tokens": 0, "audio_tokens": self.input_audio_tokens,
+                                        "cached_tokens": 0},
+                "output_token_details": {"text_tokens": self.text_tokens, "audio_tokens": audio_out}}
 
     @property
     def item_id(self) -> str:
@@ -68,6 +84,7 @@ class WireResponse:
         body["status"] = self.status
         body["status_details"] = status_details(self.status, reason, tier3=tier3)
         body["output"] = list(self.output)
+        body["usage"] = self.usage()
         return body
 
     def history_text(self) -> str:
