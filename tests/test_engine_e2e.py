@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 
 import pytest
 
@@ -103,6 +104,8 @@ def test_health_reports_the_engine_and_its_warmup(server):
     assert body["typed_input"] == {"ready": False, "synthesizer": None}
     # vLLM's serve_http turns uvicorn's WebSocket keepalive on; the v3 contract wants no pings (omni/mount.py)
     assert "WebSocket keepalive pings off" in server.log_path.read_text(errors="replace")
+    metrics = urllib.request.urlopen(server.http + "/metrics", timeout=10).read().decode()  # vLLM's route
+    assert 'voicechat_sessions{state="active"} 0.0' in metrics  # our collector, in the registry vLLM serves
     status, models = get_json(server.http + "/v1/models")  # vLLM-Omni's own route, next to ours
     assert status == 200 and models["data"][0]["id"] == str(server.checkpoint)
 

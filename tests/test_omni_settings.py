@@ -16,6 +16,8 @@ def test_the_block_is_validated_and_typed():
     assert parse_block(None) == {}
     assert parse_block({"audio_lag_positions": 2, "settlement_blank_frames": 3}) == {
         "audio_lag_positions": 2, "settlement_blank_frames": 3}
+    assert parse_block({"admission_queue": 8, "admission_timeout_s": 20}) == {  # the admission queue (issue 20)
+        "admission_queue": 8, "admission_timeout_s": 20.0}
 
 
 @pytest.mark.parametrize("block, message", [
@@ -24,6 +26,8 @@ def test_the_block_is_validated_and_typed():
     ({"settlement_blank_frames": 2.5}, "must be int"),
     ({"settlement_blank_frames": True}, "must be int"),
     ({"realtime_default": "v4"}, "one of"),
+    ({"admission_queue": -1}, ">= 0"),
+    ({"admission_timeout_s": 0}, ">= 0.001"),
     ({"audio_lag_positions": 10}, r"audio_lag_positions \(10\) must be below voicechat.settlement_blank_frames \(10\)"),
     ({"audio_lag_positions": 3, "settlement_blank_frames": 3}, "must be below"),
     ([1], "mapping"),
