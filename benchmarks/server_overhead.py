@@ -61,14 +61,18 @@ DIALECTS = ("v3", "tiered")
 _clock = time.thread_time_ns  # CPU time of this thread: preemption by other processes is not counted
 
 
+TALLIES = True  # --no-tally: the protocol objects without their operators' tally (its cost, in a same-machine A/B)
+
+
 def build_protocol(dialect: str, n: int, max_sessions: int) -> Any:
     """The server's protocol object for one connection, configured as ``server/app.py`` configures it."""
     if dialect == "v3":
         core = SessionCore(SessionConfig(session_id=f"bench-v3-{n}"))
-        return V3Session(core, V3Options(single_client=max_sessions == 1), tally=SessionTally("v3", 0.0))
+        return V3Session(core, V3Options(single_client=max_sessions == 1),
+                         tally=SessionTally("v3", 0.0) if TALLIES else None)
     core = SessionCore(SessionConfig(session_id=f"duplex-bench-{n}", turn_policy="model", gate_open_after=1))
     return TieredSession(core, TieredOptions(lane="full", model="voicechat", max_sessions=max_sessions),
-                         tally=SessionTally("tiered", 0.0))
+                         tally=SessionTally("tiered", 0.0) if TALLIES else None)
 
 
 class HostedSession:
@@ -239,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run (few ticks)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--no-tally", action="store_true", help="sessions without the operators' tally (ops/tally.py)")
     args = ap.parse_args(argv)
+    global TALLIES
+    TALLIES = not args.no_tally
     started = time.perf_counter()
     run_level("tiered", 1, 60 if args.quick else 300, args.seed + 99)  # warm-up: imports, caches, allocator
     run_level("v3", 1, 60 if args.quick else 300, args.seed + 99)
@@ -249,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             levels.append(run_level(dialect, n, args.ticks or default_ticks(n, args.quick), args.seed))
     report = {
         "benchmark": "server_overhead",
-        "parameters": {"sessions": args.sessions, "dialects": args.dialects, "ticks": args.ticks,
+        "parameters": {"sessions": args.sessions, "dialects": args.dialects, "ticks": args.ticks, "tally": TALLIES,
                        "quick": args.quick, "seed": args.seed, "frame_ms": 80,
                        "clock": "time.thread_time_ns (CLOCK_THREAD_CPUTIME_ID, ~1-2 us per read, included)",
                        "timed": "receive (parse + audio decode) + poll/complete (runner + core) + projector + "

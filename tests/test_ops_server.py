@@ -82,3 +82,29 @@ def test_sessions_usage_and_metrics_after_scripted_sessions():
         assert samples[("voicechat_sessions_rejected_total", (("dialect", "v3"), ("reason", "busy")))] == 1
         assert samples[("voicechat_responses_total", (("dialect", "v3"), ("status", "completed")))] == 1
         assert samples[("voicechat_sessions", (("state", "active"),))] == 0
+
+
+def test_sessions_status_shows_a_detached_session_with_its_grace_and_a_draining_one():
+    """The rendering of /v1/sessions for the states a live socket test cannot pin in time: a tiered session in its
+    resume grace and a session whose socket is still closing."""
+    from types import SimpleNamespace
+
+    from vllm_omni_voicechat.server.app import VoicechatServer
+
+    server = VoicechatServer(ServerConfig.simulator(max_sessions=3, disconnect_grace_s=30.0))
+    assert server.admission.try_acquire() is not None  # session A's slot
+    protocol = SimpleNamespace(detached_at=100.0, journal=SimpleNamespace(retained_bytes=4096))
+    attachment = SimpleNamespace(protocol=protocol)
+    server.sessions["A"] = SimpleNamespace(positions=7)
+    server.attachments["A"] = server.tiered["A"] = attachment
+    server.dialects["A"] = "tiered"
+    server.usage.admit("A", "tiered", 90.0)
+    server.draining["B"] = ("v3", 104.0)
+    assert server.sessions_status(110.0) == {
+        "max_sessions": 3, "active": 0, "detached": 1, "idle": 2,
+        "slots": [{"session_id": "A", "dialect": "tiered", "age_s": 20.0, "positions": 7, "state": "detached",
+                   "grace_left_s": 20.0}, {"state": "idle"}, {"state": "idle"}],
+        "draining": [{"session_id": "B", "dialect": "v3", "draining_s": 6.0}],
+        "queued": 0, "queue_capacity": 0,
+    }
+    assert server.operator_gauges() == {"active": 0, "detached": 1, "queued": 0, "journal_bytes": 4096}
