@@ -17,7 +17,6 @@ from typing import Any, Protocol
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from ..audio.frames import FRAME_SECONDS, OUTPUT_SAMPLE_RATE
 from .tally import Histogram
 from .usage import Totals, UsageBook
 
@@ -99,8 +98,8 @@ class VoicechatCollector:
         for d, t in sorted(totals.items()):
             _add(positions, {(d, k): n for k, n in t.positions.items()})
             over[(d,)] = t.over_budget
-            audio_in[(d,)] = round(t.input_frames * FRAME_SECONDS, 6)
-            audio_out[(d,)] = t.output_samples / OUTPUT_SAMPLE_RATE
+            audio_in[(d,)] = round(t.audio_in_s, 6)
+            audio_out[(d,)] = t.audio_out_s
             _add(responses, {(d, k): n for k, n in t.responses.items()})
             _add(calls, {(d, k): n for k, n in t.function_calls.items()})
             _add(typed, {(d, k): n for k, n in t.typed_jobs.items()})

@@ -57,16 +57,10 @@ class Histogram:
                 "buckets": {le: n for le, n in self.cumulative()}}
 
 
-class SessionTally:
-    """One session's counters. ``observe`` takes any output of the session core (effects and wire objects are
-    ignored); ``wire_error`` counts an error the wire layer answered without the core (parse, validation,
-    backpressure)."""
+class Counts:
+    """The counters a session keeps and a sum of sessions merges: counters by key, histograms bucket-wise."""
 
-    def __init__(self, dialect: str, started_at: float) -> None:
-        self.dialect = dialect
-        self.started_at = started_at
-        self.ended_at: float | None = None
-        self.ended_reason: str | None = None
+    def __init__(self) -> None:
         self.positions: Counter[str] = Counter()
         self.over_budget = 0
         self.input_frames = 0
@@ -78,12 +72,60 @@ class SessionTally:
         self.step = Histogram(STEP_BUCKETS_S)
         self.commit_to_created = Histogram(LATENCY_BUCKETS_S)
         self.commit_to_first_audio = Histogram(LATENCY_BUCKETS_S)
-        self._commits: dict[str, float] = {}  # turn id -> when the user's turn was sealed
-        self._awaiting_audio: dict[str, float] = {}  # response id -> its turn's commit time
+
+    def add(self, other: Counts) -> None:
+        self.positions.update(other.positions)
+        self.over_budget += other.over_budget
+        self.input_frames += other.input_frames
+        self.output_samples += other.output_samples
+        self.responses.update(other.responses)
+        self.function_calls.update(other.function_calls)
+        self.typed_jobs.update(other.typed_jobs)
+        self.errors.update(other.errors)
+        self.step.merge(other.step)
+        self.commit_to_created.merge(other.commit_to_created)
+        self.commit_to_first_audio.merge(other.commit_to_first_audio)
 
     @property
     def position_count(self) -> int:
         return sum(self.positions.values())
+
+    @property
+    def audio_in_s(self) -> float:
+        return self.input_frames * FRAME_SECONDS
+
+    @property
+    def audio_out_s(self) -> float:
+        return self.output_samples / OUTPUT_SAMPLE_RATE
+
+    def summary(self) -> dict[str, Any]:
+        """Counts only: no audio, no text, no ids."""
+        return {
+            "positions": self.position_count,
+            "positions_by_kind": dict(sorted(self.positions.items())),
+            "over_budget_positions": self.over_budget,
+            "audio_in_s": round(self.audio_in_s, 3),
+            "audio_out_s": round(self.audio_out_s, 3),
+            "responses": dict(sorted(self.responses.items())),
+            "function_calls": dict(sorted(self.function_calls.items())),
+            "typed_jobs": dict(sorted(self.typed_jobs.items())),
+            "errors": dict(sorted(self.errors.items())),
+        }
+
+
+class SessionTally(Counts):
+    """One session's counters. ``observe`` takes any output of the session core (effects and wire objects are
+    ignored); ``wire_error`` counts an error the wire layer answered without the core (parse, validation,
+    backpressure)."""
+
+    def __init__(self, dialect: str, started_at: float) -> None:
+        super().__init__()
+        self.dialect = dialect
+        self.started_at = started_at
+        self.ended_at: float | None = None
+        self.ended_reason: str | None = None
+        self._commits: dict[str, float] = {}  # turn id -> when the user's turn was sealed
+        self._awaiting_audio: dict[str, float] = {}  # response id -> its turn's commit time
 
     def observe(self, output: Any, now: float) -> None:
         handler = _HANDLERS.get(type(output))
@@ -166,30 +208,8 @@ class SessionTally:
         if o.code == "function_call_loop_limit":
             self.function_calls["loop_limit"] += 1
 
-    # --- reading ----------------------------------------------------------------------------------------
-
-    @property
-    def audio_in_s(self) -> float:
-        return self.input_frames * FRAME_SECONDS
-
-    @property
-    def audio_out_s(self) -> float:
-        return self.output_samples / OUTPUT_SAMPLE_RATE
-
     def summary(self) -> dict[str, Any]:
-        """Counts only: no audio, no text, no ids beyond the dialect."""
-        return {
-            "dialect": self.dialect,
-            "positions": self.position_count,
-            "positions_by_kind": dict(self.positions),
-            "over_budget_positions": self.over_budget,
-            "audio_in_s": round(self.audio_in_s, 3),
-            "audio_out_s": round(self.audio_out_s, 3),
-            "responses": dict(self.responses),
-            "function_calls": dict(self.function_calls),
-            "typed_jobs": dict(self.typed_jobs),
-            "errors": dict(self.errors),
-        }
+        return {"dialect": self.dialect, **super().summary()}
 
 
 _HANDLERS = {

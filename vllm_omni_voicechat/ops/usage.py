@@ -8,56 +8,27 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Any
 
-from ..audio.frames import FRAME_SECONDS, OUTPUT_SAMPLE_RATE
-from .tally import LATENCY_BUCKETS_S, STEP_BUCKETS_S, Histogram, SessionTally
+from .tally import LATENCY_BUCKETS_S, Counts, Histogram, SessionTally
 
 RECENT_SESSIONS = 256  # ended sessions kept for /v1/usage (their summaries only)
 DURATION_SAMPLES = 64  # recent session durations behind the admission queue's estimate
 
 
-class Totals:
-    """Tallies merged: every counter summed by key, every histogram bucket-wise."""
+class Totals(Counts):
+    """Tallies merged (``add``), with how many sessions went in."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.sessions = 0
-        self.positions: Counter[str] = Counter()
-        self.over_budget = 0
-        self.input_frames = 0
-        self.output_samples = 0
-        self.responses: Counter[str] = Counter()
-        self.function_calls: Counter[str] = Counter()
-        self.typed_jobs: Counter[str] = Counter()
-        self.errors: Counter[str] = Counter()
-        self.step = Histogram(STEP_BUCKETS_S)
-        self.commit_to_created = Histogram(LATENCY_BUCKETS_S)
-        self.commit_to_first_audio = Histogram(LATENCY_BUCKETS_S)
 
-    def add(self, t: SessionTally | Totals) -> None:
-        self.sessions += t.sessions if isinstance(t, Totals) else 1
-        self.positions.update(t.positions)
-        self.over_budget += t.over_budget
-        self.input_frames += t.input_frames
-        self.output_samples += t.output_samples
-        self.responses.update(t.responses)
-        self.function_calls.update(t.function_calls)
-        self.typed_jobs.update(t.typed_jobs)
-        self.errors.update(t.errors)
-        self.step.merge(t.step)
-        self.commit_to_created.merge(t.commit_to_created)
-        self.commit_to_first_audio.merge(t.commit_to_first_audio)
+    def add(self, other: Counts) -> None:
+        self.sessions += other.sessions if isinstance(other, Totals) else 1
+        super().add(other)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "sessions": self.sessions,
-            "positions": sum(self.positions.values()),
-            "positions_by_kind": dict(sorted(self.positions.items())),
-            "over_budget_positions": self.over_budget,
-            "audio_in_s": round(self.input_frames * FRAME_SECONDS, 3),
-            "audio_out_s": round(self.output_samples / OUTPUT_SAMPLE_RATE, 3),
-            "responses": dict(sorted(self.responses.items())),
-            "function_calls": dict(sorted(self.function_calls.items())),
-            "typed_jobs": dict(sorted(self.typed_jobs.items())),
-            "errors": dict(sorted(self.errors.items())),
+            **self.summary(),
             "model_step_seconds": self.step.to_json(),
             "commit_to_response_created_seconds": self.commit_to_created.to_json(),
             "commit_to_first_audio_seconds": self.commit_to_first_audio.to_json(),
