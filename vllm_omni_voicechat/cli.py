@@ -8,6 +8,7 @@ tensors each stage will consume and any missing or unexpected (docs/running-on-g
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="v3 turn ownership: client barriers (production) or the diagnostic RNNT-owned legacy mode",
     )
     serve.add_argument("--disconnect-grace-s", type=float, default=30.0, help="how long a dropped tiered session waits for session.resume")
+    serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                       help="require this key on /v1 (repeatable; also $VOICECHAT_API_KEY): Bearer header or the "
+                            "browser subprotocol form")
     serve.add_argument("--admission-queue", type=int, default=0, metavar="N",
                        help="tiered connections that may wait for a slot when all are taken (0: answer busy at once)")
     serve.add_argument("--admission-timeout-s", type=float, default=30.0, metavar="T",
@@ -61,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("directory", metavar="DIR")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
+
+
+def api_keys(flags: list[str] | None) -> tuple[str, ...]:
+    """``--api-key`` (repeatable) takes precedence over ``$VOICECHAT_API_KEY``, as vLLM's over ``$VLLM_API_KEY``."""
+    from .server.auth import ENV_VAR
+
+    keys = [k for k in (flags or [os.environ.get(ENV_VAR, "")]) if k]
+    return tuple(keys)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup_positions=args.warmup_positions,
             admission_queue=args.admission_queue,
             admission_timeout_s=args.admission_timeout_s,
+            api_keys=api_keys(args.api_key),
         )
         from .server.uvicorn import VoicechatUvicornServer, uvicorn_config
 

@@ -28,6 +28,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from ..server.app import VoicechatServer
+from ..server.auth import SubprotocolCredential, safe_subprotocol
 from ..server.config import ServerConfig
 from ..server.page import page_routes
 from ..server.warmup import warm_up
@@ -50,6 +51,7 @@ class VoicechatMount:
 
     async def start(self, app: Any) -> None:
         self.pings_off = pings_off(app)
+        external_auth = subprotocol_keys_reach_vllm(app)
         engine_client = app.state.engine_client
         # The deploy YAML's voicechat: block, under what the mount was given explicitly.
         self.settings = {**read_settings(getattr(engine_client, "config_path", None)), **self.settings}
@@ -68,7 +70,8 @@ class VoicechatMount:
         max_sessions = getattr(getattr(engine_client, "duplex_session_config", None), "max_sessions", None) or 1
         synthesizer = await loop.run_in_executor(None, _typed_input_synthesizer)
         config = ServerConfig(model_kind="vllm-omni", model_factory=factory, max_sessions=max_sessions,
-                              synthesizer=synthesizer, warmup_positions=warmup_positions, **self.settings)
+                              synthesizer=synthesizer, warmup_positions=warmup_positions,
+                              external_auth=external_auth, **self.settings)
         self.server = VoicechatServer(config)
         self.api_server_count = int(getattr(app.state, "api_server_count", 1) or 1)
         if warmup_positions > 0:
@@ -80,7 +83,7 @@ class VoicechatMount:
         return await self.server.health(request)
 
     async def _refuse(self, websocket: WebSocket, code: str, message: str, close: int) -> None:
-        await websocket.accept()
+        await websocket.accept(subprotocol=safe_subprotocol(websocket.scope.get("subprotocols") or ()))
         with contextlib.suppress(Exception):
             await websocket.send_json({"type": "error", "error": {"type": "invalid_request_error", "code": code,
                                                                   "message": message}})
@@ -118,6 +121,18 @@ class VoicechatMount:
         return [Route("/health", self.health), Route("/v1/sessions", self.sessions), Route("/v1/usage", self.usage),
                 WebSocketRoute("/v1/realtime", self.realtime), WebSocketRoute("/v1/duplex", self.realtime),
                 WebSocketRoute("/v1/voicechat", self.v3), *page_routes()]
+
+
+def subprotocol_keys_reach_vllm(app: Any) -> bool:
+    """With vLLM's ``--api-key`` on (its ``AuthenticationMiddleware`` in the app's middleware), let a browser's
+    subprotocol key reach it as the header it checks: our shim goes around the middleware stack the app built at
+    its first call (the lifespan we run in). Returns whether vLLM checks keys."""
+    checks = any(getattr(m.cls, "__name__", "") == "AuthenticationMiddleware" for m in getattr(app, "user_middleware", ()))
+    stack = getattr(app, "middleware_stack", None)
+    if checks and stack is not None and not isinstance(stack, SubprotocolCredential):
+        app.middleware_stack = SubprotocolCredential(stack)
+        log.info("API keys (vLLM's --api-key) also accepted as a WebSocket subprotocol (browsers)")
+    return checks
 
 
 def pings_off(app: Any) -> bool:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -39,6 +40,7 @@ from ..wire.transport import close_reason
 from ..wire.v3 import PROTOCOL, V3Options, V3Session, busy_error
 from ..wire.v3.schema import CLOSE_BUSY
 from .admission import Admission, Slot
+from .auth import ApiKeys, RequireApiKey, safe_subprotocol
 from .attachment import Attachment
 from .config import ServerConfig
 from .outbox import Outbox
@@ -103,7 +105,7 @@ class VoicechatServer:
                 **({"model_cleanup_failure": self.cleanup_failure} if self.cleanup_failure else {}),
                 "model_kind": self.config.model_kind,
                 "protocol": dict(PROTOCOL),
-                "auth_required": False,
+                "auth_required": bool(self.config.api_keys) or self.config.external_auth,
                 "active_sessions": self.admission.active,
                 "max_sessions": self.admission.capacity,
                 "active_client": self.admission.active > 0,
@@ -173,7 +175,7 @@ class VoicechatServer:
 
     async def v3(self, websocket: WebSocket) -> None:
         tap_socket(websocket, self.config.trace_factory, "v3")  # tests: every frame through the trace checker
-        await websocket.accept()
+        await websocket.accept(subprotocol=safe_subprotocol(websocket.scope.get("subprotocols") or ()))
         slot = self.admission.try_acquire()
         if slot is None:
             self.usage.reject("v3", "busy")
@@ -218,7 +220,7 @@ class VoicechatServer:
             await self.v3(websocket)
             return
         tap_socket(websocket, self.config.trace_factory, "tiered-openai" if route.lane == "openai" else "tiered")
-        await websocket.accept()
+        await websocket.accept(subprotocol=safe_subprotocol(websocket.scope.get("subprotocols") or ()))
         if route.dialect == "duplex_off":
             await self._answer(websocket, duplex_off_answer_text(), 1000, "unsupported")
             return
@@ -499,8 +501,10 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
             on_ready()
         yield
 
+    keys = server.config.api_keys
     app = Starlette(
         lifespan=lifespan,
+        middleware=[Middleware(RequireApiKey, keys=ApiKeys(keys))] if keys else [],
         routes=[
             Route("/health", server.health),
             Route("/v1/sessions", server.sessions_endpoint),

@@ -69,6 +69,12 @@ class ServerConfig:
     ``rate_limit_error/input_backpressure``); as many refusals may be pending, then the reader stops reading."""
     max_inbox_bytes: int = 16 << 20
     """The same bound in bytes (one message of any size always fits an empty inbox)."""
+    api_keys: tuple[str, ...] = ()
+    """Keys of which every request and WebSocket upgrade under ``/v1`` must carry one (``server/auth.py``: Bearer
+    header, or the subprotocol form of browsers); empty: no authentication."""
+    external_auth: bool = False
+    """A middleware in front of the server checks keys (vLLM's ``--api-key`` inside ``vllm-omni serve``): only
+    ``/health`` reports it."""
     ids: Ids = SYSTEM_IDS
     """Where session ids, resume tokens and handshake event ids come from (seeded: reproducible runs)."""
     trace_factory: Callable[[str], Any] | None = None
