@@ -291,3 +291,22 @@ def test_the_page_runs_under_its_own_content_security_policy(browser, base):
         assert [m for m in t.console if "Content Security Policy" in m or m.startswith("error")] == []
     finally:
         t.close()
+
+
+def test_with_api_keys_the_page_asks_for_one_and_sends_it_as_a_subprotocol(browser, base):
+    plain = Page(browser, base)
+    try:
+        plain.wait("window.voicechat.health !== undefined")
+        assert plain.page.is_hidden("#key-label")  # a server without keys asks for none
+    finally:
+        plain.close()
+    with running_app(ServerConfig.simulator(api_keys=("page-key",))) as (url, _):
+        t = Page(browser, url.replace("ws://", "http://"))
+        try:
+            t.page.wait_for_selector("#key-label", state="visible", timeout=WAIT_MS)  # /health says auth_required
+            t.page.fill("#api-key", "page-key")
+            t.connect("v3")
+            t.type("with a key")
+            assert t.response(0)["heard"] == "You said: with a key."
+        finally:
+            t.close()

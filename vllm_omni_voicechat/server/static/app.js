@@ -263,7 +263,10 @@ function connect() {
   player = new Player(conn.outputRate); // created in the click: the autoplay policy lets it run
   player.ctx.resume();
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const ws = new WebSocket(`${scheme}://${location.host}${PATHS[dialect]}`);
+  // With --api-key the key rides in a subprotocol, as OpenAI's browser clients send it (no headers on an upgrade).
+  const key = $("api-key").value.trim();
+  const url = `${scheme}://${location.host}${PATHS[dialect]}`;
+  const ws = key ? new WebSocket(url, ["realtime", `openai-insecure-api-key.${key}`]) : new WebSocket(url);
   conn.ws = ws;
   setStatus("connecting", "connecting…");
   $("connect").textContent = "Disconnect";
@@ -789,6 +792,7 @@ async function refreshHealth() {
     const res = await fetch("/health", { cache: "no-store" });
     const h = await res.json();
     debug.health = h;
+    $("key-label").hidden = !h.auth_required;
     const rows = [
       ["status", `${h.status} (${h.model_kind ?? "?"})`],
       ["protocol", h.protocol ? `${h.protocol.name} v${h.protocol.version}` : "?"],
