@@ -42,19 +42,43 @@ class Recorder:
 
 
 class ThreadCheckingModel(SimulatorModel):
+    inline_steps = False  # a model whose steps take real time (the engine port)
+
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.threads: set[int] = set()
+        self.prefill_threads: set[int] = set()
 
     def step(self, position):
         self.threads.add(threading.get_ident())
         return super().step(position)
 
+    def prefill(self, prompt):
+        self.prefill_threads.add(threading.get_ident())
+        return super().prefill(prompt)
+
+
+class InlineThreadCheckingModel(ThreadCheckingModel):
+    inline_steps = True  # microsecond steps (the simulator): no thread hop per position (issue 18)
+
 
 def test_full_turn_runs_the_model_off_the_event_loop_and_stops_cleanly():
+    rec, model, loop_thread = full_turn(ThreadCheckingModel())
+    assert loop_thread not in model.threads and len(model.threads) == 1
+    assert names(rec.events)[-1] == "SessionClosed"
+    assert rec.events[-1] == SessionClosed("completed", "client_stop")
+
+
+def test_an_inline_model_steps_on_the_loop_and_still_prefills_off_it():
+    rec, model, loop_thread = full_turn(InlineThreadCheckingModel())
+    assert model.threads == {loop_thread} and loop_thread not in model.prefill_threads
+    assert rec.events[-1] == SessionClosed("completed", "client_stop")
+    assert SimulatorModel().inline_steps and not SimulatorModel(SimBehaviour(step_delay_s=0.01)).inline_steps
+
+
+def full_turn(model: ThreadCheckingModel):
     async def main():
         rec = Recorder()
-        model = ThreadCheckingModel()
         shell = SessionShell(SessionCore(SessionConfig(session_id="S", settlement_blank_frames=3)), model, rec,
                              synthesizer=SimulatorSynthesizer())
         task = asyncio.create_task(shell.run())
@@ -68,10 +92,7 @@ def test_full_turn_runs_the_model_off_the_event_loop_and_stops_cleanly():
         await asyncio.wait_for(task, 10)
         return rec, model, threading.get_ident()
 
-    rec, model, loop_thread = asyncio.run(main())
-    assert loop_thread not in model.threads and len(model.threads) == 1
-    assert names(rec.events)[-1] == "SessionClosed"
-    assert rec.events[-1] == SessionClosed("completed", "client_stop")
+    return asyncio.run(main())
 
 
 def test_disconnect_mid_response_aborts_the_model_and_ends_the_task():

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
                        help="require this key on /v1 (repeatable; also $VOICECHAT_API_KEY): Bearer header or the "
                             "browser subprotocol form")
+    serve.add_argument("--ws-compression", action="store_true",
+                       help="negotiate permessage-deflate with clients that offer it (off: audio barely compresses)")
     serve.add_argument("--admission-queue", type=int, default=0, metavar="N",
                        help="tiered connections that may wait for a slot when all are taken (0: answer busy at once)")
     serve.add_argument("--admission-timeout-s", type=float, default=30.0, metavar="T",
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
         app = create_app(config)
         VoicechatUvicornServer(
-            uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level), app.state.voicechat
+            uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
+                           ws_per_message_deflate=args.ws_compression), app.state.voicechat
         ).run()
     return 0
 

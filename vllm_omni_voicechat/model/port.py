@@ -229,7 +229,11 @@ class ModelError(RuntimeError):
 
 @runtime_checkable
 class ModelPort(Protocol):
-    """One live model session. Calls are blocking and come from one thread at a time."""
+    """One live model session. Calls are blocking and come from one thread at a time.
+
+    A port may also say ``inline_steps = True`` (read with ``getattr``, default False): its ``step`` takes
+    microseconds, so an asyncio host runs it on its loop instead of hopping to a thread (prefill and abort still
+    go to the thread)."""
 
     def prefill(self, prompt: SessionPrompt) -> None:
         """Start (or restart) the model session with this prompt: the model-ready barrier waits for it."""

@@ -2,7 +2,8 @@
 per request, docs/tiered-dialect.md §1.1), ``/health`` reports readiness.
 
 Each admitted connection gets its own session core, model instance and asyncio shell with a one-thread model
-executor, so a slow or failing session never blocks another. Both dialects run through one host path
+executor for prefill, abort and the steps of a slow model, so a slow or failing session never blocks another (a
+model with microsecond steps, the simulator, steps on the loop). Both dialects run through one host path
 (:meth:`VoicechatServer.serve`); protocol rules and protocol JSON live in the core and the wire sessions, the
 outbound queue in ``outbox.py``, the socket a session is attached to in ``attachment.py``; this module only moves
 frames and enforces admission.

@@ -52,9 +52,12 @@ def transport_for(websocket: Any) -> Any:
 
 def uvicorn_config(app: Any, **kwargs: Any) -> uvicorn.Config:
     """uvicorn's config for our app: protocol-level pings off (long model steps or slow consumers must never trip a
-    transport timer), our WebSocket protocol."""
+    transport timer), permessage-deflate off unless asked for (base64 audio barely compresses, and compressing
+    every event cost ~12 % of the server's CPU; a client that offers it still connects, uncompressed), our
+    WebSocket protocol."""
     kwargs.setdefault("ws_ping_interval", None)
     kwargs.setdefault("ws_ping_timeout", None)
+    kwargs.setdefault("ws_per_message_deflate", False)
     kwargs.setdefault("ws", AbortableWebSockets)
     return uvicorn.Config(app, **kwargs)
 

@@ -108,6 +108,10 @@ class SessionShell:
         self.synthesizer = synthesizer
         self._sink = sink
         self._sink_is_async = inspect.iscoroutinefunction(sink)
+        # A model whose steps take microseconds (the simulator) steps on the loop: a thread hop per position cost
+        # more than the step itself, and a thread per session queued for the GIL under load (issue 18).
+        self._inline_steps = bool(getattr(model, "inline_steps", False))
+        self._prefilling = 0
         self._own_executor = executor is None
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="voicechat-model")
         self._clock = clock
@@ -201,7 +205,11 @@ class SessionShell:
                 if tick.position is not None:
                     self.positions += 1
                     try:
-                        result = await loop.run_in_executor(self._executor, self.model.step, tick.position.input)
+                        if self._inline_steps and not self._prefilling:  # else behind the prefill, one thread
+                            result = self.model.step(tick.position.input)
+                            await asyncio.sleep(0)  # a backlog of positions must not hold the loop: yield each one
+                        else:
+                            result = await loop.run_in_executor(self._executor, self.model.step, tick.position.input)
                     except Exception as exc:
                         self.model_failure = f"position {self.positions - 1}: {exc}"  # for the server's log
                         outputs = self.core.fail(tick.position, exc, self._clock())
@@ -271,12 +279,15 @@ class SessionShell:
     async def _prefill(self, prompt: Any) -> None:
         loop = asyncio.get_running_loop()
         core = self.core
+        self._prefilling += 1
         try:
             await loop.run_in_executor(self._executor, self.model.prefill, prompt)
         except Exception as exc:
             self._inbox.put_nowait(_Done(lambda now, e=exc: core.prefill_failed(e, now)))
         else:
             self._inbox.put_nowait(_Done(core.prefilled))
+        finally:
+            self._prefilling -= 1
 
     async def _synthesize(self, job_id: str, text: str) -> None:
         loop = asyncio.get_running_loop()

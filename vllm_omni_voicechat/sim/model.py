@@ -128,6 +128,11 @@ class SimulatorModel:
 
     # --- port -------------------------------------------------------------------------------------------
 
+    @property
+    def inline_steps(self) -> bool:
+        """A step takes microseconds unless a slow model is scripted: hosts may run it on their event loop."""
+        return not self.behaviour.step_delay_s
+
     def prefill(self, prompt: SessionPrompt) -> None:
         if self.behaviour.prefill_delay_s:
             self._sleep(self.behaviour.prefill_delay_s)
