@@ -128,7 +128,17 @@ class ManualSession:
         return await asyncio.wait_for(loop(), 30)
 
     async def reply(self, text: str) -> list:
-        return await self.until(lambda e: e.type == "history_updated" and any(text in _text(i) for i in e.history))
+        """Until the history shows ``text``, then until every response created so far is done (the transcript can
+        reach the history a few events before its response.done: a flow must not end in between)."""
+        got = await self.until(lambda e: e.type == "history_updated" and any(text in _text(i) for i in e.history))
+
+        def all_done(_: object = None) -> bool:
+            types = self.raw_types()
+            return types.count("response.done") >= types.count("response.created")
+
+        if not all_done():
+            got += await self.until(all_done)
+        return got
 
     async def raw(self, message: dict) -> None:
         from agents.realtime.model_inputs import RealtimeModelSendRawMessage
