@@ -7,6 +7,23 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # built once: it runs per event
+try:
+    from orjson import dumps as _orjson_dumps
+except ImportError:  # pragma: no cover - a dependency; the json path gives the same text
+    _orjson_dumps = None
+
+
+def server_json(event: dict[str, Any]) -> str:
+    """:func:`compact_json` for an event made only of the server's own values (the per-position metrics, audio and
+    text deltas): orjson, ~10x faster (two such events a position: ~11 µs of the ~50 µs the v3 server spends on
+    one). Not for anything that echoes a client's value: orjson writes a NaN the client sent as null, where the
+    json path echoes it as sent. What orjson refuses goes the json way."""
+    if _orjson_dumps is not None:
+        try:
+            return _orjson_dumps(event).decode()
+        except TypeError:  # orjson.JSONEncodeError
+            pass
+    return compact_json(event)
 
 
 def compact_json(event: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -82,11 +83,12 @@ class Journal:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def record(self, event: dict[str, Any], now: float) -> Recorded:
-        """Stamp ``server_event_seq`` on ``event`` and retain it while the bounds allow."""
+    def record(self, event: dict[str, Any], now: float, *,
+               encode: Callable[[dict[str, Any]], str] = compact_json) -> Recorded:
+        """Stamp ``server_event_seq`` on ``event`` and retain it while the bounds allow (``encode``: its JSON)."""
         self.prune(now)
         self.head += 1
-        text = compact_json({**event, "server_event_seq": self.head})
+        text = encode({**event, "server_event_seq": self.head})
         if self.overflowed:
             return Recorded(text, self.head)
         size = len(text.encode("utf-8", "surrogatepass"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from ..transport import Outbound, compact_json
+from ..transport import Outbound, compact_json, server_json
 from .journal import Journal
 from .session_events import resync_required
 
@@ -17,6 +17,9 @@ WireEvent = dict[str, Any]
 # Not journaled: they carry or precede the attachment's own credential (§3.7).
 TRANSPORT_LEVEL = frozenset({"session.created", "session.resumed", "session.replaced", "session.resync_required"})
 # What may precede session.created (everything else raised during the first prefill waits for it).
+SERVER_MADE = frozenset({"response.output_audio.delta", "response.output_audio_transcript.delta",
+                         "response.output_text.delta", "conversation.item.input_audio_transcription.delta"})
+"""The per-position events, made only of the server's values (no echoed client id): the fast JSON path."""
 BEFORE_CREATED = frozenset({"error", "session.closed", "session.expired", "session.resync_required"})
 TIER3 = frozenset({
     "session.heartbeat_ack", "session.closed", "session.resumed", "session.replaced", "session.expired",
@@ -60,14 +63,15 @@ class Outgoing:
             if event["type"] in TRANSPORT_LEVEL:
                 out.append(Outbound(compact_json(event)))
                 continue
+            encode = server_json if event["type"] in SERVER_MADE else compact_json
             if self.journal is not None:
-                recorded = self.journal.record(event, now)
+                recorded = self.journal.record(event, now, encode=encode)
                 if recorded.overflow_notice:
                     out.append(self.transport(resync_required(self.session_id, "journal_overflow")))
                 out.append(Outbound(recorded.text, recorded.seq))
             else:
                 self._seq += 1
-                out.append(Outbound(compact_json({**event, "server_event_seq": self._seq}), self._seq))
+                out.append(Outbound(encode({**event, "server_event_seq": self._seq}), self._seq))
         return out
 
     def release_held(self, now: float) -> list[Outbound]:

@@ -27,7 +27,7 @@ from ...session.commands import (
 )
 from ...session.core import SessionCore, Tick
 from ...session.tools import InvalidTools, normalize_tools
-from ..transport import CloseTransport, Outbound, close_reason, compact_json
+from ..transport import CloseTransport, Outbound, close_reason, compact_json, server_json
 from .audio import AudioRejected, decode_append
 from .project import V3Projector, WireEvent
 from .schema import (
@@ -374,7 +374,8 @@ class V3Session:
             else:
                 if isinstance(o, (ev.TurnStarted, ev.TurnCommitted)) and o.client_event_id == self._awaiting_ack:
                     self._awaiting_ack = None
-                wire.append(Outbound(compact_json(self.projector.project(o))))
+                encode = server_json if type(o) in _SERVER_MADE else compact_json
+                wire.append(Outbound(encode(self.projector.project(o))))
                 if isinstance(o, ev.Error) and o.fatal and self._close_code is None:
                     self._close_code = close_code_for(o.code)
                     self._close_reason = o.code
@@ -386,6 +387,10 @@ class V3Session:
             self._awaiting_ack = None
             wire.append(CloseTransport(self._close_code, close_reason(self._close_reason)))
         return wire
+
+
+_SERVER_MADE = frozenset({ev.PositionMetrics, ev.AudioDelta, ev.TextDelta, ev.TranscriptDelta})
+"""Native events whose wire form holds only the server's values (no echoed client id): the fast JSON path."""
 
 
 def busy_error(session_id: str) -> Outbound:
