@@ -203,6 +203,7 @@ class VoicechatServer:
             await self.serve(websocket, protocol, "v3", slot=slot)
         finally:
             slot.release()
+            self.usage.end(protocol.session_id, "disconnect", time.monotonic())  # a backstop: ends once
 
     # ================================================================ the tiered dialect
 
@@ -296,6 +297,7 @@ class VoicechatServer:
             await self.serve(websocket, protocol, "tiered", first=first, slot=slot, held=held)
         finally:
             slot.release()
+            self.usage.end(protocol.session_id, "disconnect", time.monotonic())  # a backstop: ends once
 
     async def _queue_for_slot(self, websocket: WebSocket, held: list[str | bytes]) -> tuple[Slot | None, str | None]:
         """Wait in the admission queue: ``session.queued`` at once, ``session.queue_update`` when the position
