@@ -127,7 +127,8 @@ def subprotocol_keys_reach_vllm(app: Any) -> bool:
     """With vLLM's ``--api-key`` on (its ``AuthenticationMiddleware`` in the app's middleware), let a browser's
     subprotocol key reach it as the header it checks: our shim goes around the middleware stack the app built at
     its first call (the lifespan we run in). Returns whether vLLM checks keys."""
-    checks = any(getattr(m.cls, "__name__", "") == "AuthenticationMiddleware" for m in getattr(app, "user_middleware", ()))
+    middleware = getattr(app, "user_middleware", ())
+    checks = any(getattr(m.cls, "__name__", "") == "AuthenticationMiddleware" for m in middleware)
     stack = getattr(app, "middleware_stack", None)
     if checks and stack is not None and not isinstance(stack, SubprotocolCredential):
         app.middleware_stack = SubprotocolCredential(stack)
