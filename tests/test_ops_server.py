@@ -97,7 +97,6 @@ def test_sessions_status_shows_a_detached_session_with_its_grace_and_a_draining_
     attachment = SimpleNamespace(protocol=protocol)
     server.sessions["A"] = SimpleNamespace(positions=7)
     server.attachments["A"] = server.tiered["A"] = attachment
-    server.dialects["A"] = "tiered"
     server.usage.admit("A", "tiered", 90.0)
     server.draining["B"] = ("v3", 104.0)
     assert server.sessions_status(110.0) == {

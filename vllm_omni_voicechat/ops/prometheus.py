@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from .tally import Histogram
+from .tally import LATENCY_BUCKETS_S, Histogram
 from .usage import Totals, UsageBook
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -50,27 +51,23 @@ class VoicechatCollector:
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             servers = list(self._servers)
-        gauges: dict[str, float] = {}
-        admitted: dict[tuple[str, ...], float] = {}
-        rejected: dict[tuple[str, ...], float] = {}
-        ended: dict[tuple[str, ...], float] = {}
-        resumes: dict[tuple[str, ...], float] = {}
+        gauges: Counter[str] = Counter()
+        admitted: Counter[tuple[str, ...]] = Counter()
+        rejected: Counter[tuple[str, ...]] = Counter()
+        ended: Counter[tuple[str, ...]] = Counter()
+        resumes: Counter[tuple[str, ...]] = Counter()
         totals: dict[str, Totals] = {}
-        replay = None
+        replay = Histogram(LATENCY_BUCKETS_S)
         for server in servers:
-            for key, value in server.operator_gauges().items():
-                gauges[key] = gauges.get(key, 0) + value
+            gauges.update(server.operator_gauges())
             book = server.usage
-            _add(admitted, {(d,): n for d, n in list(book.admitted.items())})
-            _add(rejected, dict(list(book.rejected.items())))
-            _add(ended, dict(list(book.ended.items())))
-            _add(resumes, {(o,): n for o, n in list(book.resumes.items())})
+            admitted.update({(d,): n for d, n in list(book.admitted.items())})
+            rejected.update(dict(list(book.rejected.items())))
+            ended.update(dict(list(book.ended.items())))
+            resumes.update({(o,): n for o, n in list(book.resumes.items())})
             for dialect, t in book.totals().items():
                 totals.setdefault(dialect, Totals()).add(t)
-            if replay is None:
-                replay = _copy_histogram(book.resume_replay)
-            else:
-                replay.merge(book.resume_replay)
+            replay.merge(book.resume_replay)
 
         sessions = GaugeMetricFamily("voicechat_sessions", "Sessions now, by state (active, detached awaiting "
                                      "resume, queued for a slot).", labels=["state"])
@@ -87,23 +84,19 @@ class VoicechatCollector:
         yield _counter("voicechat_session_resumes", "Tiered session.resume requests, by outcome.", ["outcome"],
                        resumes)
 
-        positions: dict[tuple[str, ...], float] = {}
-        over: dict[tuple[str, ...], float] = {}
-        audio_in: dict[tuple[str, ...], float] = {}
-        audio_out: dict[tuple[str, ...], float] = {}
-        responses: dict[tuple[str, ...], float] = {}
-        calls: dict[tuple[str, ...], float] = {}
-        typed: dict[tuple[str, ...], float] = {}
-        errors: dict[tuple[str, ...], float] = {}
-        for d, t in sorted(totals.items()):
-            _add(positions, {(d, k): n for k, n in t.positions.items()})
-            over[(d,)] = t.over_budget
-            audio_in[(d,)] = round(t.audio_in_s, 6)
-            audio_out[(d,)] = t.audio_out_s
-            _add(responses, {(d, k): n for k, n in t.responses.items()})
-            _add(calls, {(d, k): n for k, n in t.function_calls.items()})
-            _add(typed, {(d, k): n for k, n in t.typed_jobs.items()})
-            _add(errors, {(d, k): n for k, n in t.errors.items()})
+        dialects = sorted(totals.items())
+
+        def per_dialect(read: Callable[[Totals], Mapping[str, float]]) -> dict[tuple[str, ...], float]:
+            return {(d, k): n for d, t in dialects for k, n in read(t).items()}
+
+        positions = per_dialect(lambda t: t.positions)
+        over = {(d,): t.over_budget for d, t in dialects}
+        audio_in = {(d,): round(t.audio_in_s, 6) for d, t in dialects}
+        audio_out = {(d,): t.audio_out_s for d, t in dialects}
+        responses = per_dialect(lambda t: t.responses)
+        calls = per_dialect(lambda t: t.function_calls)
+        typed = per_dialect(lambda t: t.typed_jobs)
+        errors = per_dialect(lambda t: t.errors)
         yield _counter("voicechat_model_positions", "Model positions run, by kind.", ["dialect", "kind"], positions)
         yield _counter("voicechat_model_positions_over_budget", "Positions whose server step exceeded 80 ms.",
                        ["dialect"], over)
@@ -129,28 +122,15 @@ class VoicechatCollector:
             yield family
         family = HistogramMetricFamily("voicechat_resume_replay_seconds", "session.resume received -> its replay "
                                        "queued on the new socket.")
-        if replay is not None:
-            family.add_metric([], replay.cumulative(), sum_value=replay.sum)
+        family.add_metric([], replay.cumulative(), sum_value=replay.sum)
         yield family
 
 
-def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]) -> Metric:
+def _counter(name: str, doc: str, labels: list[str], values: Mapping[tuple[str, ...], float]) -> Metric:
     family = CounterMetricFamily(name, doc, labels=labels)
     for key, value in sorted(values.items()):
         family.add_metric(list(key), value)
     return family
-
-
-def _add(into: dict[tuple[str, ...], float], values: dict[Any, float]) -> None:
-    for key, value in values.items():
-        key = key if isinstance(key, tuple) else (key,)
-        into[key] = into.get(key, 0) + value
-
-
-def _copy_histogram(h: Histogram) -> Histogram:
-    out = Histogram(h.bounds)
-    out.merge(h)
-    return out
 
 
 _process_collector: VoicechatCollector | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from ..audio.frames import FRAME_SECONDS, OUTPUT_SAMPLE_RATE
@@ -128,11 +129,9 @@ class SessionTally(Counts):
         self._awaiting_audio: dict[str, float] = {}  # response id -> its turn's commit time
 
     def observe(self, output: Any, now: float) -> None:
-        handler = _HANDLERS.get(type(output))
-        if handler is not None:
-            handler(self, output, now)
+        self.observe_all((output,), now)
 
-    def observe_all(self, outputs: list[Any], now: float) -> None:
+    def observe_all(self, outputs: Sequence[Any], now: float) -> None:
         for output in outputs:
             handler = _HANDLERS.get(type(output))
             if handler is not None:

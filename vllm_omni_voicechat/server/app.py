@@ -66,7 +66,6 @@ class VoicechatServer:
         self.warmup: WarmupReport | None = None
         self.backpressure: deque[dict[str, Any]] = deque(maxlen=256)  # the last ended sessions (benchmarks, tests)
         self.usage = UsageBook(self.started_at)  # what every session did: /v1/usage, /v1/sessions, Prometheus
-        self.dialects: dict[str, str] = {}  # live session id -> dialect
         self.draining: dict[str, tuple[str, float]] = {}  # ended, slot freed, socket still closing: (dialect, since)
         prometheus.install(self)  # this process's /metrics (ours standalone, vLLM's inside vllm-omni serve)
 
@@ -130,8 +129,8 @@ class VoicechatServer:
         for session_id, shell in list(self.sessions.items()):
             att = self.attachments.get(session_id)
             tally = self.usage.live.get(session_id)
-            row: dict[str, Any] = {"session_id": session_id, "dialect": self.dialects.get(session_id),
-                                   "age_s": round(now - tally.started_at, 3) if tally is not None else None,
+            row: dict[str, Any] = {"session_id": session_id, "dialect": tally.dialect if tally else None,
+                                   "age_s": round(now - tally.started_at, 3) if tally else None,
                                    "positions": shell.positions, "state": "active"}
             detached_at = getattr(att.protocol, "detached_at", None) if att is not None else None
             if detached_at is not None:
@@ -401,7 +400,6 @@ class VoicechatServer:
         att.shell = shell
         session_id = protocol.session_id
         self.sessions[session_id] = shell
-        self.dialects[session_id] = dialect
         self.attachments[session_id] = att
         if dialect == "tiered":
             self.tiered[session_id] = att
@@ -417,7 +415,6 @@ class VoicechatServer:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             self.sessions.pop(session_id, None)
-            self.dialects.pop(session_id, None)
             self.attachments.pop(session_id, None)
             self.tiered.pop(session_id, None)
             if shell.cleanup_error is not None:
