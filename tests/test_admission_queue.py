@@ -185,3 +185,26 @@ def test_a_freed_slot_admits_the_head_and_v3_never_queues():
         assert queued.recv()["type"] == "session.updated"  # the first message, held while it waited, then applied
         queued.send({"type": "session.close"})
         queued.recv_until(lambda e: e["type"] == "session.closed")
+
+
+def test_what_a_queued_client_sends_beyond_the_pump_waits_in_the_socket_and_none_is_lost():
+    config = ServerConfig.simulator(max_sessions=1, admission_queue=1, max_inbox_messages=4)
+    with running_app(config) as (url, _):
+        holder = RawClient(url + "/v1/duplex")
+        greet(holder)
+        queued = RawClient(url + "/v1/duplex")
+        assert greet(queued)[-1]["type"] == "session.queued"
+        for i in range(6):  # more than the pump holds while queued: each is owed its typed error
+            queued.send({"type": "no.such.event", "event_id": f"e{i}"})
+        holder.send({"type": "session.close"})
+        echoed: list[str] = []
+
+        def answered(e: dict) -> bool:
+            if e["type"] == "error":
+                echoed.append(e["error"]["event_id"])
+            return len(echoed) == 6
+
+        queued.recv_until(answered)
+        assert echoed == [f"e{i}" for i in range(6)]  # all six, in order (the pump held 4, the socket the rest)
+        queued.send({"type": "session.close"})
+        queued.recv_until(lambda e: e["type"] == "session.closed")

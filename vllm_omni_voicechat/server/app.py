@@ -316,10 +316,12 @@ class VoicechatServer:
                 return None, None
             told = ticket.position
             while ticket.slot is None:
-                if reader is None:
-                    reader = asyncio.ensure_future(websocket.receive())  # a disconnect must end the wait at once
+                if reader is None and len(held) < self.config.max_inbox_messages:
+                    # A disconnect must end the wait at once; with the pump full nothing more is read (TCP backpressure)
+                    reader = asyncio.ensure_future(websocket.receive())
                 waiter = asyncio.ensure_future(changed.wait())
-                done, _ = await asyncio.wait({reader, waiter}, timeout=max(0.0, deadline - loop.time()),
+                done, _ = await asyncio.wait({w for w in (reader, waiter) if w is not None},
+                                             timeout=max(0.0, deadline - loop.time()),
                                              return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
                 changed.clear()
@@ -328,7 +330,7 @@ class VoicechatServer:
                     if message["type"] == "websocket.disconnect":
                         return None, None
                     data = message.get("text") if message.get("text") is not None else message.get("bytes")
-                    if data is not None and len(held) < self.config.max_inbox_messages:
+                    if data is not None:
                         held.append(data)
                 if ticket.slot is None and not done:
                     return None, "queue_timeout"
