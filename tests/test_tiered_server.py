@@ -443,6 +443,57 @@ def test_resume_mid_response_replays_the_gap_then_continues_live():
         close_session(b)
 
 
+def test_a_resume_takes_in_what_the_dropped_socket_delivered_before_it_answers_the_input_receipt():
+    """§6.5: frames the server read from the old socket but had not handed to the session yet (its model was inside
+    a step) are taken in before ``session.resumed`` reports the input receipt: a client resends exactly the rest."""
+    with gated_app(max_sessions=2, disconnect_grace_s=10.0) as (base, app, models):
+        a, created = open_full(base)
+        sid = created["session"]["id"]
+        model = models[-1]
+        model.run_for(1)
+        speech, silence = render_speech(LONG), bytes(48 * INPUT_FRAME_BYTES)
+        a.send({**append(speech), "event_id": "s1"})
+        a.send({"type": "input_audio_buffer.commit", "event_id": "c1"})
+        a.send({**append(silence), "event_id": "s2"})
+        a.recv_type("response.output_audio.delta")
+        assert model.held.wait(10)  # the shell waits for a step: what a sends now stays in its inbox
+        att = app.tiered[sid]
+        offered = threading.Semaphore(0)
+        inner_offer = att.shell.offer
+
+        async def offer(message):
+            accepted = await inner_offer(message)
+            offered.release()
+            return accepted
+
+        att.shell.offer = offer
+        for i in range(3):
+            a.send({**append(bytes(2560)), "event_id": f"x{i}"})
+        assert all(offered.acquire(timeout=10) for _ in range(3))
+        assert att.shell.inbox_messages == 3
+        gone = watch_detach(app, sid)
+        a.ws.socket.close()
+        assert gone.wait(10)
+
+        settling = threading.Event()
+        inner_settled = att.settled
+
+        async def settled():
+            settling.set()
+            await inner_settled()
+
+        att.settled = settled
+        b = RawClient(base + "/v1/duplex?autostart=0")
+        b.send(resume(created, a.received[-1]["server_event_seq"]))
+        assert settling.wait(10)
+        model.release()  # the step returns; the three frames reach the session; only then the answer
+        resumed = b.recv()
+        assert resumed["type"] == "session.resumed"
+        assert resumed["input_received"] == {"audio_bytes": len(speech) + len(silence) + 3 * 2560, "appends": 5,
+                                             "last_append_event_id": "x2"}
+        close_session(b)
+
+
 def test_takeover_while_attached_replaces_the_old_socket(url):
     a, created = open_full(url)
     b = RawClient(url + "/v1/duplex?autostart=0")

@@ -794,6 +794,41 @@ def test_event_ack_trims_the_journal_and_an_older_cursor_needs_a_resync(tiered):
     assert outcome.ok and [o.seq for o in outcome.outputs[1:]][:1] == [21]
 
 
+def test_session_resumed_carries_the_input_receipt(tiered):
+    """§6.5: how much audio the session took in, and the last append it handled (an error answers one)."""
+    d = tiered()
+    token = token_of(d)
+    assert d.session.capabilities["supports_input_receipt"] is True
+    assert d.append(bytes(2560), event_id="a1") == [] and d.append(bytes(1000), event_id="a2") == []
+    assert errors(d.append(bytes(3), event_id="odd")) == [("bad_event", "audio")]  # not whole samples: refused
+    assert d.send({"type": "input_audio_buffer.append", "video_frames": ["AAAA"], "event_id": "v"}) == []
+    detach(d)
+    outcome = resume(d, token, d.events[-1]["server_event_seq"])
+    body = json.loads(outcome.outputs[0].text)
+    assert body["input_received"] == {"audio_bytes": 3560, "appends": 2, "last_append_event_id": "odd"}
+    d.append(bytes(640))  # no event id
+    outcome = resume(d, body["resume_token"], d.events[-1]["server_event_seq"])
+    assert json.loads(outcome.outputs[0].text)["input_received"] == {
+        "audio_bytes": 4200, "appends": 3, "last_append_event_id": None}
+
+
+def test_held_audio_refused_before_the_prefill_is_not_received():
+    d = TieredDriver(options=TieredOptions(max_pending_input_bytes=4000), defer_effects=True)
+    assert types(d.send({"type": "session.update", "session": {"instructions": "Be brief."}})) == []
+    assert d.append(bytes(2560), event_id="a1") == []
+    assert errors(d.append(bytes(2560), event_id="a2")) == [("input_backpressure", None)]
+    d.driver.complete_pending(every=True)
+    token = token_of(d)
+    outcome = resume(d, token, 0)
+    receipt = json.loads(outcome.outputs[0].text)["input_received"]
+    assert receipt == {"audio_bytes": 2560, "appends": 1, "last_append_event_id": "a2"}
+    assert d.session.input_buffer.uncommitted == 2560  # the refused append is not in the buffer either
+
+
+def test_the_openai_lane_has_no_input_receipt(tiered):
+    assert tiered(lane="openai").session.capabilities["supports_input_receipt"] is False
+
+
 def test_a_cursor_beyond_the_head_is_a_resume_conflict(tiered):
     d, token = spoken_session(tiered)
     [error] = texts(resume(d, token, d.events[-1]["server_event_seq"] + 1).outputs)

@@ -442,6 +442,8 @@ class VoicechatServer:
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
+                if not att.reads_open.is_set():
+                    await att.reads_open.wait()  # a resume is settling the input: this frame waits for its outcome
                 if att.socket is not websocket or att.shell is None:
                     break  # replaced by a resumed socket
                 data = message.get("text") if message.get("text") is not None else message.get("bytes")
@@ -461,28 +463,37 @@ class VoicechatServer:
             await self._answer(websocket, self._error("session_resume_expired", "no live session with that id",
                                                       event_id=request.event_id), 1000, "session_resume_expired")
             return
-        async with att.lock:  # nothing below waits: the replay and live events cannot interleave
+        async with att.resuming:
             received = time.monotonic()
-            outcome = att.protocol.resume(request, received)
-            if not outcome.ok:
-                self.usage.resume_refused()
-                for item in outcome.outputs:
-                    with contextlib.suppress(Exception):
-                        await websocket.send_text(item.text)
-                with contextlib.suppress(Exception):
-                    await websocket.close(1000, _refusal_code(outcome.outputs))
-                return
-            old = att.outbox
-            if old is not None:
-                if outcome.replaced is not None:
-                    old.put(outcome.replaced.text, force=True)
-                att.retire(old, 1000, "session_replaced")
-            outbox = att.attach(websocket, resume_outputs=len(outcome.outputs))
+            # What the old socket delivered is taken in first, so session.resumed's input receipt covers it (a
+            # client resends exactly the rest); the old socket's reads stay fenced until the outcome.
+            att.reads_open.clear()
+            try:
+                await att.settled()
+                async with att.lock:  # nothing below waits: the replay and live events cannot interleave
+                    outcome = att.protocol.resume(request, time.monotonic())
+                    if outcome.ok:
+                        old = att.outbox
+                        if old is not None:
+                            if outcome.replaced is not None:
+                                old.put(outcome.replaced.text, force=True)
+                            att.retire(old, 1000, "session_replaced")
+                        outbox = att.attach(websocket, resume_outputs=len(outcome.outputs))
+                        for item in outcome.outputs:
+                            outbox.put(item.text, force=True)  # the journal bounds the replay
+                        last = [o.seq for o in outcome.outputs if o.seq is not None]
+                        att.sent_through = max([att.sent_through, *last])
+                        self.usage.resumed(time.monotonic() - received)  # request -> replay queued
+            finally:
+                att.reads_open.set()
+        if not outcome.ok:
+            self.usage.resume_refused()
             for item in outcome.outputs:
-                outbox.put(item.text, force=True)  # the journal bounds the replay
-            last = [o.seq for o in outcome.outputs if o.seq is not None]
-            att.sent_through = max([att.sent_through, *last])
-            self.usage.resumed(time.monotonic() - received)  # request -> replay queued on the new socket
+                with contextlib.suppress(Exception):
+                    await websocket.send_text(item.text)
+            with contextlib.suppress(Exception):
+                await websocket.close(1000, _refusal_code(outcome.outputs))
+            return
         try:
             await self._read(att, websocket)  # until this socket drops, is replaced, or the session ends
         finally:

@@ -30,6 +30,11 @@ class Attachment:
         self.socket: WebSocket | None = None
         self.outbox: Outbox | None = None
         self.lock = asyncio.Lock()
+        self.resuming = asyncio.Lock()  # one resume at a time: its read fence and receipt are its own
+        self.reads_open = asyncio.Event()
+        """Cleared while a resume settles the input: a frame read meanwhile waits, and is dropped if the socket it
+        came from was replaced (the receipt in ``session.resumed`` does not count it: the client resends it)."""
+        self.reads_open.set()
         self.sent_through = 0
         self.close_code: int | None = None
         self.close_reason = ""
@@ -57,6 +62,18 @@ class Attachment:
         outbox = Outbox(ws, self.config, on_overflow=lambda: self._overflow(ws), on_gone=gone)
         self.socket, self.outbox = ws, outbox
         return outbox
+
+    async def settled(self) -> None:
+        """Until the session has taken in every frame already read from its sockets, or has ended."""
+        if self.shell is None:
+            return
+        settled = asyncio.ensure_future(self.shell.settled())
+        ended = asyncio.ensure_future(self.ended.wait())
+        try:
+            await asyncio.wait({settled, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            settled.cancel()
+            ended.cancel()
 
     async def sink(self, item: Any) -> None:
         """The shell's sink: what the protocol object hands its transport."""

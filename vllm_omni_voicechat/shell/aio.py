@@ -129,6 +129,7 @@ class SessionShell:
         self.refused = 0
         self._room = asyncio.Event()
         self._room.set()
+        self._handed = asyncio.Event()  # a client frame went from the inbox to the protocol object
         self._tasks: set[asyncio.Task] = set()
         self.positions = 0
         self.model_failure: str | None = None
@@ -177,7 +178,15 @@ class SessionShell:
         else:
             return item
         self._room.set()
+        self._handed.set()
         return item
+
+    async def settled(self) -> None:
+        """Until every client frame offered so far has been handed to the protocol object (answered, if refused):
+        what it reports about its input then covers everything read from the socket."""
+        while self.inbox_messages or self.pending_refusals:
+            self._handed.clear()
+            await self._handed.wait()
 
     @property
     def inbox_empty(self) -> bool:

@@ -247,7 +247,8 @@ class TieredSession:
             return ResumeOutcome(False, [self._stamped(error)])
         if isinstance(verdict, ResyncRequired):
             return ResumeOutcome(False, [self._stamped(se.resync_required(self.session_id, verdict.reason))])
-        resumed = se.session_resumed(self.session_id, self._session_object(), verdict.generation, verdict.token)
+        resumed = se.session_resumed(self.session_id, self._session_object(), verdict.generation, verdict.token,
+                                     self.input_buffer.receipt())
         outputs = [self._stamped(resumed)] + [Outbound(e.text, e.seq) for e in verdict.replay.entries]
         replaced = None
         if verdict.superseded is not None:

@@ -1,6 +1,7 @@
 """The input audio buffer of a tiered session (pure): client audio converted to the core's 16 kHz PCM16, what was
 appended since the last commit, and the input held until the first prefill is done (OpenAI clients do not wait for
-readiness), which then runs in order."""
+readiness), which then runs in order. It also keeps the receipt a resuming client reads to resend exactly the
+audio a drop lost (``input_received`` in ``session.resumed``, docs/tiered-dialect.md §6.5)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ class InputBuffer:
         self.max_held_bytes = max_held_bytes
         self._held: list[Any] = []
         self._held_bytes = 0  # the held audio's PCM (other held commands are not counted)
+        self.accepted_bytes = 0
+        """Client audio bytes taken into the session's input, over its whole life (commits and clears included)."""
+        self.accepted_appends = 0
+        self.last_append_event_id: Any = None
+        """The ``event_id`` of the last audio append handled (taken in or answered with an error), or None."""
 
     def append(self, e: InputAudioBufferAppend, settings: SessionSettings, *,
                held: bool) -> AppendAudio | Refused | None:
@@ -30,6 +36,7 @@ class InputBuffer:
         to the core now."""
         if e.audio is None:
             return None  # video frames only: accepted and ignored
+        self.last_append_event_id = e.event_id
         fmt = e.format or settings.input_format
         rate = e.sample_rate_hz or settings.input_rate
         try:
@@ -38,17 +45,24 @@ class InputBuffer:
             pcm = self.converter.feed(e.audio)
         except AudioFormatError as exc:
             return Refused(exc.code, str(exc), exc.param)
+        if held and pcm and self._held_bytes + len(pcm) > self.max_held_bytes:
+            return Refused("input_backpressure", "too much audio before the session was ready")
         self.uncommitted += len(e.audio)
+        self.accepted_bytes += len(e.audio)
+        self.accepted_appends += 1
         if not pcm:
             return None
         command = AppendAudio(pcm, e.event_id, len(e.audio))
         if not held:
             return command
-        if self._held_bytes + len(pcm) > self.max_held_bytes:
-            return Refused("input_backpressure", "too much audio before the session was ready")
         self._held.append(command)
         self._held_bytes += len(pcm)
         return None
+
+    def receipt(self) -> dict[str, Any]:
+        """What a resuming client reads to resend exactly the rest of its audio (``session.resumed``)."""
+        return {"audio_bytes": self.accepted_bytes, "appends": self.accepted_appends,
+                "last_append_event_id": self.last_append_event_id}
 
     def hold(self, command: Any) -> None:
         """A command that waits for the first prefill behind the input held before it."""

@@ -43,6 +43,7 @@ def capabilities(
         "supports_audio_truncate": True,
         "supports_playback_ack": True,
         "supports_session_resume": lane == "full",
+        "supports_input_receipt": lane == "full",  # session.resumed.input_received (§6.5)
         "supports_session_lease": True,
         "supports_multi_session": max_sessions > 1,
         "session_admission_mode": "server_managed",

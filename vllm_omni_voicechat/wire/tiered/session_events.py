@@ -59,9 +59,15 @@ def session_created(session: dict, *, generation: int | None = None, resume_toke
     return event
 
 
-def session_resumed(session_id: str, session: dict, generation: int, resume_token: str) -> WireEvent:
-    return {"type": "session.resumed", "session_id": session_id, "session": session,
-            "attachment_generation": generation, "resume_token": resume_token}
+def session_resumed(session_id: str, session: dict, generation: int, resume_token: str,
+                    input_received: dict | None = None) -> WireEvent:
+    """``input_received`` (our extension, capability ``supports_input_receipt``): how much of the client's audio the
+    session had taken in when the resume was answered, so that the client resends exactly the rest (§6.5)."""
+    event = {"type": "session.resumed", "session_id": session_id, "session": session,
+             "attachment_generation": generation, "resume_token": resume_token}
+    if input_received is not None:
+        event["input_received"] = input_received
+    return event
 
 
 def session_replaced(session_id: str, generation: int) -> WireEvent:
