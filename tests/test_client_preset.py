@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,120 @@ def test_preset_tools_reach_the_model(server):
 
     done = asyncio.run(asyncio.wait_for(main(), 60))
     assert (done["name"], json.loads(done["arguments"])) == ("get_weather", {"city": "Oslo"})
+
+
+# ---------------------------------------------------------------------------------------------------- resuming
+
+
+class ScriptedTransport:
+    """A transport the test scripts (DuplexClient's ``connect=`` seam): what the client sent, server events fed
+    by the test, a drop, and a close the test can hold open."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.inbound: asyncio.Queue = asyncio.Queue()
+        self.dead = False
+        self.closing = asyncio.Event()
+        self.closing.set()
+
+    async def send(self, data: str) -> None:
+        if self.dead:
+            raise ConnectionError("transport dropped")
+        self.sent.append(json.loads(data))
+
+    async def recv(self) -> str:
+        item = await self.inbound.get()
+        if isinstance(item, BaseException):
+            raise item
+        return json.dumps(item)
+
+    async def close(self) -> None:
+        await self.closing.wait()
+
+    def drop(self) -> None:
+        self.dead = True
+        self.inbound.put_nowait(ConnectionError("transport dropped"))
+
+
+def appended(transport: ScriptedTransport) -> list[str]:
+    return [e["event_id"] for e in transport.sent if e["type"] == "input_audio_buffer.append"]
+
+
+async def until(predicate, what: str) -> None:
+    for _ in range(1000):
+        if predicate():
+            return
+        await asyncio.sleep(0)  # ok: yields to the client's tasks, no wall-clock wait
+    raise AssertionError(f"never: {what}")
+
+
+async def resuming_session(receipt_for) -> tuple[list[ScriptedTransport], list[str], Any]:
+    """A ResumingDuplexClient that appends a0, a1 on its first transport, loses it while appending a2, resumes on
+    a second whose ``session.resumed`` carries ``receipt_for(ids)``, and appends a3 while the first transport's
+    close is still pending (the application's next event must not overtake what is resent)."""
+    transports = [ScriptedTransport(), ScriptedTransport()]
+    pending = iter(transports)
+
+    async def connect(url: str) -> ScriptedTransport:
+        return next(pending)
+
+    first, second = transports
+    first.inbound.put_nowait({"type": "session.created", "session": {"id": "S"}, "resume_token": "rt_1",
+                              "attachment_generation": 1})
+    client = preset.ResumingDuplexClient("ws://x/v1/duplex", model="sim", connect=connect,
+                                         heartbeat_interval_s=None,
+                                         reconnect=dc.ReconnectPolicy(max_attempts=1, backoff_s=(0.0, 0.0)))
+    await client.__aenter__()
+    await client.append_audio(bytes(2560))
+    await client.append_audio(bytes(1000))
+    first.closing.clear()  # the client's close of the dead transport will hang until released
+    first.drop()
+    await client.append_audio(bytes(640))  # written into the dead transport: no error, journaled
+    ids = [*appended(first), None]
+    ids[2] = client.input_journal._entries[-1].event_id
+    await until(lambda: second.sent, "session.resume on the second transport")
+    assert second.sent[0]["type"] == "session.resume" and second.sent[0]["resume_token"] == "rt_1"
+    second.inbound.put_nowait({"type": "session.resumed", "session_id": "S", "session": {"id": "S"},
+                               "attachment_generation": 2, "resume_token": "rt_2", **receipt_for(ids)})
+    await until(lambda: client._ws is second, "the switch to the second transport")
+    a3 = asyncio.ensure_future(client.append_audio(bytes(320)))
+    for _ in range(50):
+        await asyncio.sleep(0)  # ok: a3 runs as far as it can (without the hold-back it would go out now)
+    first.closing.set()
+    await a3
+    ids.append(appended(second)[-1])
+    return transports, ids, client
+
+
+def test_resuming_client_resends_exactly_what_the_receipt_lacks_before_anything_new():
+    async def run():
+        (first, second), ids, client = await resuming_session(lambda ids: {"input_received": {
+            "audio_bytes": 2560, "appends": 1, "last_append_event_id": ids[0]}})
+        assert appended(first) == ids[:2]
+        assert appended(second) == [ids[1], ids[2], ids[3]]  # a1 and a2 again, in order, then the new a3
+        assert [e["type"] for e in second.sent] == ["session.resume"] + ["input_audio_buffer.append"] * 3
+        assert client.input_resent == 2 and client.input_gaps == []
+        await client._teardown()
+
+    asyncio.run(run())
+
+
+def test_resuming_client_against_a_server_without_the_receipt_is_duplexclient():
+    async def run():
+        (first, second), ids, client = await resuming_session(lambda ids: {})
+        assert appended(second) == [ids[3]]  # nothing resent: a2 is lost, as with the stock client
+        assert client.input_resent == 0
+        await client._teardown()
+
+    asyncio.run(run())
+
+
+def test_resuming_client_records_a_gap_it_cannot_fill():
+    async def run():
+        (first, second), ids, client = await resuming_session(lambda ids: {"input_received": {
+            "audio_bytes": 0, "appends": 0, "last_append_event_id": "evt_unknown"}})
+        assert appended(second) == [ids[3]] and client.input_resent == 0
+        assert client.input_gaps == ["append 'evt_unknown' is not in the journal"]
+        await client._teardown()
+
+    asyncio.run(run())

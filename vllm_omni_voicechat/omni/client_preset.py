@@ -13,6 +13,8 @@ preset, with these differences:
   ``extra_body["realtime_tools"]``, as 0.30 places them.
 * one model position is 80 ms of input: ``DuplexClient.stream_pcm`` defaults to 200 ms chunks, so stream with
   :func:`stream_pcm16` (or pass ``chunk_ms=APPEND_MS``).
+* :class:`ResumingDuplexClient` is ``DuplexClient`` that loses no input audio across a resume: what the dropped
+  socket had in flight is sent again, exactly once and before anything new, from the server's input receipt.
 
     config = create_duplex_session_config(instructions="Be brief.", tools=[WEATHER])
     async with DuplexClient(url, model=SIMULATOR_MODEL, config=config) as client:
@@ -22,19 +24,32 @@ preset, with these differences:
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from vllm_omni.clients.duplex import AudioFormat, DuplexClientBase, SessionConfig
+from vllm_omni.clients.duplex import (
+    AudioFormat,
+    DuplexClient,
+    DuplexClientBase,
+    DuplexConnectionError,
+    DuplexEvent,
+    DuplexSessionClosedError,
+    SessionConfig,
+)
 
 from ..audio.frames import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+from ..client.input_journal import DEFAULT_MAX_BYTES, InputGap, InputJournal, base64_size
 
 __all__ = [
     "APPEND_MS",
     "MODEL",
     "SIMULATOR_MODEL",
+    "ResumingDuplexClient",
     "append_bytes",
     "create_duplex_session_config",
     "stream_pcm16",
@@ -44,6 +59,7 @@ MODEL = "nvidia/NVIDIA-NemotronLabs-VoiceChat-11B"
 SIMULATOR_MODEL = "sim"  # the model name of this package's simulator server
 APPEND_MS = 80  # one model position
 INPUT_ENCODINGS = ("pcm16", "pcm_f32le")
+log = logging.getLogger(__name__)
 
 
 def _tool_name(tool: Mapping[str, Any]) -> Any:
@@ -108,3 +124,81 @@ async def stream_pcm16(client: DuplexClientBase, pcm16: bytes, *, realtime: bool
     if fmt.encoding == "pcm_f32le":
         pcm16 = (np.frombuffer(pcm16, dtype="<i2").astype("<f4") / 32768.0).tobytes()
     await client.stream_pcm(pcm16, chunk_ms=APPEND_MS, realtime=realtime)
+
+
+class ResumingDuplexClient(DuplexClient):
+    """``DuplexClient`` with input exactly-once across a resume (docs/tiered-dialect.md §6.5).
+
+    Every audio append is journaled as it goes out. When the transport drops, an append written into it is not an
+    error (it is in the journal); when the session resumes and ``session.resumed`` carries ``input_received``
+    (capability ``supports_input_receipt``), the appends the session had not taken in are sent again, in order,
+    before any event the application sends on the new socket. Against a server without the receipt this is
+    ``DuplexClient`` unchanged. Other events keep ``DuplexClient``'s rule: a send that fails raises.
+    """
+
+    def __init__(self, url: str, *, input_journal_bytes: int = DEFAULT_MAX_BYTES, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self.input_journal = InputJournal(input_journal_bytes)
+        self.input_resent = 0
+        """Appends sent again after resumes."""
+        self.input_gaps: list[str] = []
+        """Resumes after which the journal could not supply what the session lacked (raise its bound)."""
+        self._settled: Any = None  # the transport whose input is settled: events go out on it at once
+        self._settled_changed = asyncio.Event()
+
+    async def _open(self) -> None:
+        await super()._open()
+        self._settled = self._ws
+
+    async def _send_command(self, payload: dict[str, object]) -> None:
+        while self._ws is not self._settled and not self._closed.is_set():
+            # A resume switched transports: what the old one lost goes out first (in _after_dispatch).
+            self._settled_changed.clear()
+            await self._settled_changed.wait()
+        if self._closed.is_set():
+            marker = self._closed_marker
+            raise DuplexSessionClosedError(marker.reason if marker else "closed")
+        if self._ws is None:
+            raise DuplexConnectionError("send failed: transport is not connected")
+        text = json.dumps(payload)
+        audio = payload.get("audio")
+        append = payload.get("type") == "input_audio_buffer.append" and isinstance(audio, str)
+        if append:
+            event_id = payload.get("event_id")
+            self.input_journal.record(event_id if isinstance(event_id, str) else None, base64_size(audio), text)
+        try:
+            await self._ws.send(text)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if append and self.resume_token and self._reconnect is not None:
+                return  # journaled: sent again once the session has resumed
+            raise
+
+    async def _after_dispatch(self, event: DuplexEvent, data: dict[str, object]) -> None:
+        if event.type == "session.resumed":
+            await self._resend(data.get("input_received"))
+        await super()._after_dispatch(event, data)
+
+    def _finalize(self, reason: str, *, expected: bool) -> None:
+        super()._finalize(reason, expected=expected)
+        self._settled_changed.set()  # waiting sends raise
+
+    async def _resend(self, receipt: object) -> None:
+        ws = self._ws
+        try:
+            if isinstance(receipt, Mapping):
+                try:
+                    again = self.input_journal.unreceived(receipt)
+                except InputGap as exc:
+                    self.input_gaps.append(str(exc))
+                    log.warning("input audio lost across a resume: %s", exc)
+                    again = []
+                for entry in again:
+                    await ws.send(entry.text)
+                self.input_resent += len(again)
+        except Exception:  # the new transport failed too: the next resume's receipt says what to send
+            log.debug("resending input after a resume failed", exc_info=True)
+        finally:
+            self._settled = ws
+            self._settled_changed.set()
