@@ -23,8 +23,9 @@ from vllm_omni_voicechat.wire.transport import Outbound
 from vllm_omni_voicechat.wire.v3 import V3Options, V3Session
 
 
-def metrics(frame, kind="real", step_ms=10.0, over=False, audio_in=True) -> ev.PositionMetrics:
-    return ev.PositionMetrics(frame, frame, kind, 1.0, step_ms, 80.0, over, audio_in, True, True, None, None)
+def metrics(frame, kind="real", step_ms=10.0, over=False, audio_in=True, late_ms=0.0) -> ev.PositionMetrics:
+    return ev.PositionMetrics(frame, frame, kind, 1.0, step_ms, 80.0, over, audio_in, True, True, None, None,
+                              {"late_ms": late_ms})
 
 
 def test_histogram_buckets_are_cumulative_with_inf_and_merge_bucketwise():
@@ -41,11 +42,20 @@ def test_histogram_buckets_are_cumulative_with_inf_and_merge_bucketwise():
         h.merge(Histogram((1.0,)))
 
 
+def test_a_position_started_half_a_frame_late_is_counted_late():
+    t = SessionTally("tiered", started_at=0.0)
+    for frame, late_ms in enumerate((0.0, 39.9, 40.0, 250.0)):
+        t.observe(metrics(frame, late_ms=late_ms), 0.08 * frame)
+    t.observe(metrics(None, late_ms=500.0), 1.0)  # an idle frame ran no position
+    assert t.late == 2 and t.summary()["late_positions"] == 2
+
+
 def test_a_tally_counts_positions_latencies_and_outcomes_exactly():
     t = SessionTally("v3", started_at=100.0)
     t.observe(metrics(None), 100.0)  # a gated idle frame: liveness only, no model position
     t.observe(metrics(0), 100.08)
-    t.observe(metrics(1, kind="settlement", step_ms=95.0, over=True, audio_in=False), 100.16)
+    t.observe(metrics(1, kind="settlement", step_ms=95.0, over=True, audio_in=False, late_ms=39.9), 100.16)
+    t.observe(metrics(None, late_ms=500.0), 100.17)  # an idle frame is never a late position
     t.observe(ev.TurnCommitted("turn_1", 1, "c1"), 100.20)
     t.observe(ev.ResponseCreated("turn_1", "resp_1"), 100.26)
     t.observe(ev.AudioDelta("turn_1", "resp_1", bytes(2 * 1764)), 100.40)
@@ -60,7 +70,7 @@ def test_a_tally_counts_positions_latencies_and_outcomes_exactly():
     t.observe(ev.Prefill(None), 101.0)  # effects are not counted  # type: ignore[arg-type]
     t.wire_error("invalid_json")
     assert dict(t.positions) == {"real": 1, "settlement": 1}
-    assert t.over_budget == 1 and t.input_frames == 1 and t.audio_in_s == pytest.approx(0.08)
+    assert t.over_budget == 1 and t.late == 0 and t.input_frames == 1 and t.audio_in_s == pytest.approx(0.08)
     assert t.step.count == 2 and t.step.sum == pytest.approx(0.105)
     assert t.commit_to_created.count == 1 and t.commit_to_created.sum == pytest.approx(0.06)
     assert t.commit_to_first_audio.count == 1 and t.commit_to_first_audio.sum == pytest.approx(0.20)

@@ -91,6 +91,7 @@ class VoicechatCollector:
 
         positions = per_dialect(lambda t: t.positions)
         over = {(d,): t.over_budget for d, t in dialects}
+        late = {(d,): t.late for d, t in dialects}
         audio_in = {(d,): round(t.audio_in_s, 6) for d, t in dialects}
         audio_out = {(d,): t.audio_out_s for d, t in dialects}
         responses = per_dialect(lambda t: t.responses)
@@ -100,6 +101,8 @@ class VoicechatCollector:
         yield _counter("voicechat_model_positions", "Model positions run, by kind.", ["dialect", "kind"], positions)
         yield _counter("voicechat_model_positions_over_budget", "Positions whose server step exceeded 80 ms.",
                        ["dialect"], over)
+        yield _counter("voicechat_model_positions_late", "Positions that started 40 ms or more after they were due.",
+                       ["dialect"], late)
         yield _counter("voicechat_input_audio_seconds", "Client audio the model heard.", ["dialect"], audio_in)
         yield _counter("voicechat_output_audio_seconds", "Assistant audio sent.", ["dialect"], audio_out)
         yield _counter("voicechat_responses", "Responses ended, by status.", ["dialect", "status"], responses)

@@ -18,6 +18,8 @@ STEP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.
 """Model step (one position on the server: submit -> result), around the 80 ms budget."""
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.08, 0.12, 0.16, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0, 10.0, 15.0)
 """Commit -> ``response.created`` / first audio, resume replay: what a user waits for."""
+LATE_MS = 40.0
+"""A position that started half a frame or more after it was due (its input frame had arrived) is late."""
 MAX_OPEN_COMMITS = 64  # commits waiting for their response; older ones are forgotten (a commit may never answer)
 
 
@@ -64,6 +66,7 @@ class Counts:
     def __init__(self) -> None:
         self.positions: Counter[str] = Counter()
         self.over_budget = 0
+        self.late = 0
         self.input_frames = 0
         self.output_samples = 0
         self.responses: Counter[str] = Counter()
@@ -77,6 +80,7 @@ class Counts:
     def add(self, other: Counts) -> None:
         self.positions.update(other.positions)
         self.over_budget += other.over_budget
+        self.late += other.late
         self.input_frames += other.input_frames
         self.output_samples += other.output_samples
         self.responses.update(other.responses)
@@ -105,6 +109,7 @@ class Counts:
             "positions": self.position_count,
             "positions_by_kind": dict(sorted(self.positions.items())),
             "over_budget_positions": self.over_budget,
+            "late_positions": self.late,
             "audio_in_s": round(self.audio_in_s, 3),
             "audio_out_s": round(self.audio_out_s, 3),
             "responses": dict(sorted(self.responses.items())),
@@ -154,6 +159,8 @@ class SessionTally(Counts):
         self.positions[o.kind] += 1
         if o.over_budget:
             self.over_budget += 1
+        if o.turn_state.get("late_ms", 0.0) >= LATE_MS:
+            self.late += 1
         if o.input_audio:
             self.input_frames += 1
         self.step.observe(o.server_step_ms / 1000.0)
