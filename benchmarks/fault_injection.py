@@ -8,11 +8,14 @@ has it attached when a second socket resumes the session, so the server answers 
 one and closes it with 1000.
 
 Figures: success rate (per kind), events lost and duplicated on the wire (by ``server_event_seq``, counted over
-every socket the client read), events delivered twice to the application, and the replay latency (from the
-client's ``session.resume`` to the last event the server had journaled when it was sent), p50/p99.
+every socket the client read), events delivered twice to the application, the replay latency (from the
+client's ``session.resume`` to the last event the server had journaled when it was sent), p50/p99, and whether the
+audio the client streamed reached the model intact in the mid-audio trials. Every trial plan runs once per client:
+``stock`` (``DuplexClient``: what it wrote into the dying socket is lost) and ``ours`` (``ResumingDuplexClient``
+from ``vllm_omni_voicechat.omni.client_preset``: it resends what the server's input receipt lacks).
 
-    /tmp/omni-venv/bin/python benchmarks/fault_injection.py                   # 200 trials
-    /tmp/omni-venv/bin/python benchmarks/fault_injection.py --trials 1000 --concurrency 4
+    .omni-venv/bin/python benchmarks/fault_injection.py                   # 200 plans x both clients
+    .omni-venv/bin/python benchmarks/fault_injection.py --kinds mid_audio --trials 100 --clients ours
 
 It needs ``vllm_omni`` installed (the client is its ``vllm_omni/clients/duplex.py``, used unmodified); vLLM
 itself is not imported (a namespace stub skips ``vllm_omni/__init__``).
@@ -147,6 +150,7 @@ class Trial:
     takeover: bool
     delay_s: float
     app: Any
+    client: str = "stock"
     taps: list[Tap] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)  # every server_event_seq the client's transports delivered
     events: list[dict] = field(default_factory=list)  # what the application saw (after the client's dedupe)
@@ -260,6 +264,12 @@ def response_audio(trial: Trial, response_id: str) -> bytes:
                     if e.get("type") == "response.output_audio.delta" and e.get("response_id") == response_id)
 
 
+def accepted_input_bytes(trial: Trial) -> int | None:
+    """The audio bytes the in-process server's session has taken in (docs/tiered-dialect.md §6.5)."""
+    att = trial.app.tiered.get(trial.session_id)
+    return None if att is None else att.protocol.input_buffer.accepted_bytes
+
+
 async def run_trial(dc: Any, url: str, trial: Trial, rng: random.Random) -> None:
     import websockets
 
@@ -273,8 +283,11 @@ async def run_trial(dc: Any, url: str, trial: Trial, rng: random.Random) -> None
     tools = trial.kind == "mid_tool_call"
     config = dc.SessionConfig(instructions="Use tools." if tools else "",
                               extra_body={"realtime_tools": WEATHER} if tools else {})
-    client = dc.DuplexClient(url, model="sim", config=config, connect=connect, heartbeat_interval_s=None,
-                             reconnect=dc.ReconnectPolicy(max_attempts=5, backoff_s=(0.0, 0.05)))
+    cls = dc.DuplexClient
+    if trial.client == "ours":
+        from vllm_omni_voicechat.omni.client_preset import ResumingDuplexClient as cls
+    client = cls(url, model="sim", config=config, connect=connect, heartbeat_interval_s=None,
+                 reconnect=dc.ReconnectPolicy(max_attempts=5, backoff_s=(0.0, 0.05)))
     async with client:
         trial.session_id = client.session_id
 
@@ -290,6 +303,10 @@ async def run_trial(dc: Any, url: str, trial: Trial, rng: random.Random) -> None
         finally:
             consumer.cancel()
             await asyncio.gather(consumer, return_exceptions=True)
+        if trial.client == "ours":
+            trial.notes["input_resent"] = client.input_resent
+            if client.input_gaps:
+                trial.notes["input_gaps"] = client.input_gaps
     if trial.takeover:
         await trial.taps[0].wait_superseded(10)
 
@@ -308,7 +325,15 @@ async def scenario(dc: Any, client: Any, trial: Trial, rng: random.Random) -> No
         created = await trial.wait(is_type("response.created"))
         rid = created["response"]["id"]
         done = await trial.wait(lambda e: e.get("type") == "response.done" and e.get("response", {}).get("id") == rid)
-        trial.notes["input_intact"] = response_text(trial, rid) == f"You said: {text}."
+        # Intact: the model heard the words, and the session took in exactly the bytes streamed (none twice). The
+        # heartbeat is a barrier: once it is acknowledged, everything the client sent before it has been handled
+        # (a model-owned end of utterance may answer before the last resent append arrives).
+        await retrying(dc, trial, lambda: client.send({"type": "session.heartbeat"}))
+        await trial.wait(is_type("session.heartbeat_ack"))
+        taken = accepted_input_bytes(trial)
+        trial.notes["input_bytes"] = {"streamed": sum(map(len, chunks)), "taken_in": taken}
+        trial.notes["input_intact"] = (response_text(trial, rid) == f"You said: {text}."
+                                       and taken == sum(map(len, chunks)))
         if done["response"]["status"] != "completed":
             raise AssertionError(f"response {done['response']['status']}")
     elif trial.kind == "mid_response":
@@ -373,35 +398,45 @@ def judge(trial: Trial) -> dict:
         kinds = [e.get("type") for e in old.superseded]
         if "session.replaced" not in kinds or old.close_code != 1000:
             failure = f"takeover: old socket got {kinds[-3:]} close {old.close_code}"
-    return {"index": trial.index, "kind": trial.kind, "takeover": trial.takeover, "delay_s": round(trial.delay_s, 3),
+    return {"index": trial.index, "client": trial.client, "kind": trial.kind, "takeover": trial.takeover,
+            "delay_s": round(trial.delay_s, 3),
             "ok": failure is None, "failure": failure, "lost": len(lost), "wire_duplicates": wire_dups,
             "app_duplicates": app_dups, "sockets": len(trial.taps), "events": len(trial.events),
             "replay_latency_ms": None if trial.replay_latency_s is None else round(trial.replay_latency_s * 1e3, 3),
             **trial.notes}
 
 
+CLIENTS = ("stock", "ours")
+
+
 async def run_trials(dc: Any, url: str, app: Any, *, trials: int, seed: int, concurrency: int, max_delay_s: float,
-                     takeover_share: float, timeout_s: float = 60.0) -> dict:
-    """Run ``trials`` trials (``concurrency`` at a time) against a running server; the report dict."""
+                     takeover_share: float, timeout_s: float = 60.0, kinds: tuple[str, ...] = KINDS,
+                     clients: tuple[str, ...] = ("stock",)) -> dict:
+    """Run ``trials`` trial plans, each once per client (``concurrency`` at a time) against a running server; the
+    report dict (figures per client under ``by_client`` when there are several)."""
     rng = random.Random(seed)
-    plans = [(i, rng.choice(KINDS), rng.random() < takeover_share, rng.uniform(0.0, max_delay_s), rng.random())
+    plans = [(i, rng.choice(kinds), rng.random() < takeover_share, rng.uniform(0.0, max_delay_s), rng.random())
              for i in range(trials)]
     results: list[dict] = []
     gate = asyncio.Semaphore(concurrency)
     started = time.monotonic()
 
-    async def one(i: int, kind: str, takeover: bool, delay: float, sub: float) -> None:
+    async def one(i: int, kind: str, takeover: bool, delay: float, sub: float, client: str) -> None:
         async with gate:
-            trial = Trial(i, kind, takeover, delay, app)
+            trial = Trial(i, kind, takeover, delay, app, client)
             try:
                 await asyncio.wait_for(run_trial(dc, url, trial, random.Random(sub)), timeout_s)
             except Exception as exc:  # a failed trial is a figure, not a crash
                 trial.failure = f"{type(exc).__name__}: {exc}"[:300]
             results.append(judge(trial))
 
-    await asyncio.gather(*(one(*p) for p in plans))
-    results.sort(key=lambda r: r["index"])
-    return summarize(results, time.monotonic() - started)
+    await asyncio.gather(*(one(*p, client) for p in plans for client in clients))
+    results.sort(key=lambda r: (r["index"], CLIENTS.index(r["client"])))
+    report = summarize(results, time.monotonic() - started)
+    if len(clients) > 1:
+        report["by_client"] = {c: {k: v for k, v in summarize([r for r in results if r["client"] == c], 0).items()
+                                   if k not in ("results", "wall_s")} for c in clients}
+    return report
 
 
 def summarize(results: list[dict], wall_s: float) -> dict:
@@ -428,7 +463,9 @@ def summarize(results: list[dict], wall_s: float) -> dict:
             "p99": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
             "max": round(float(lat.max()), 3) if lat.size else None,
         },
-        "mid_audio_input_intact": {"ok_trials": len(audio), "intact": sum(bool(r.get("input_intact")) for r in audio)},
+        "mid_audio_input_intact": {"ok_trials": len(audio), "intact": sum(bool(r.get("input_intact")) for r in audio),
+                                   "resent_appends": sum(r.get("input_resent", 0) for r in audio),
+                                   "gaps": sum(len(r.get("input_gaps", ())) for r in audio)},
         "failures": Counter((r["failure"] or "")[:80] for r in results if not r["ok"]).most_common(10),
         "wall_s": round(wall_s, 2),
         "results": results,
@@ -446,6 +483,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--grace", type=float, default=3.0, help="the server's disconnect grace (s)")
     ap.add_argument("--max-delay", type=float, default=None, help="reconnect delay upper bound (default 0.8 x grace)")
     ap.add_argument("--takeover", type=float, default=0.25, help="share of trials where a second socket takes over")
+    ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds drawn from")
+    ap.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS),
+                    help="each plan runs once per client (default: both)")
     ap.add_argument("--out", type=Path, default=RESULTS / "fault_injection.json")
     args = ap.parse_args(argv)
     dc = load_duplex_client()
@@ -457,13 +497,14 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         report = asyncio.run(run_trials(dc, server.url, server.app.state.voicechat, trials=args.trials,
                                         seed=args.seed, concurrency=args.concurrency, max_delay_s=max_delay,
-                                        takeover_share=args.takeover))
+                                        takeover_share=args.takeover, kinds=tuple(args.kinds),
+                                        clients=tuple(args.clients)))
     finally:
         server.stop()
     report["trace"] = traces.summary()
     report["parameters"] = {"trials": args.trials, "seed": args.seed, "concurrency": args.concurrency,
                             "disconnect_grace_s": args.grace, "max_reconnect_delay_s": max_delay,
-                            "takeover_share": args.takeover}
+                            "takeover_share": args.takeover, "kinds": args.kinds, "clients": args.clients}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     lat = report["replay_latency_ms"]
@@ -473,6 +514,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"{report['app_duplicate_events']}  duplicated on the wire {report['wire_duplicate_events']}")
     print(f"replay latency p50 {lat['p50']} ms  p99 {lat['p99']} ms  max {lat['max']} ms  "
           f"mid-audio input intact {report['mid_audio_input_intact']}  wall {report['wall_s']} s")
+    for client, figures in report.get("by_client", {}).items():
+        print(f"  {client}: success {figures['succeeded']}/{figures['trials']}  lost {figures['lost_events']}  "
+              f"dup {figures['app_duplicate_events']}  mid-audio input intact {figures['mid_audio_input_intact']}")
     print(f"trace invariants: {report['trace']['sockets']} sockets, {report['trace']['violations']} violations")
     for failure, n in report["failures"]:
         print(f"  FAILED x{n}: {failure}")
