@@ -502,6 +502,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         server.stop()
     report["trace"] = traces.summary()
+    report["server_resumes"] = dict(server.app.state.voicechat.usage.resumes)  # refused: e.g. after the grace
     report["parameters"] = {"trials": args.trials, "seed": args.seed, "concurrency": args.concurrency,
                             "disconnect_grace_s": args.grace, "max_reconnect_delay_s": max_delay,
                             "takeover_share": args.takeover, "kinds": args.kinds, "clients": args.clients}
@@ -517,7 +518,8 @@ def main(argv: list[str] | None = None) -> dict:
     for client, figures in report.get("by_client", {}).items():
         print(f"  {client}: success {figures['succeeded']}/{figures['trials']}  lost {figures['lost_events']}  "
               f"dup {figures['app_duplicate_events']}  mid-audio input intact {figures['mid_audio_input_intact']}")
-    print(f"trace invariants: {report['trace']['sockets']} sockets, {report['trace']['violations']} violations")
+    print(f"trace invariants: {report['trace']['sockets']} sockets, {report['trace']['violations']} violations; "
+          f"server resumes {report['server_resumes']}")
     for failure, n in report["failures"]:
         print(f"  FAILED x{n}: {failure}")
     print(f"wrote {args.out}")
