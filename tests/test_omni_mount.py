@@ -97,6 +97,27 @@ def test_our_routes_come_first_and_the_warmup_ran_through_the_engine(mounted):
     health = json.load(urllib.request.urlopen(url.replace("ws://", "http://") + "/health", timeout=10))
     assert health["model_kind"] == "vllm-omni" and health["warmup"]["positions"] == 2
     assert health["max_sessions"] == 4
+    assert health["status"] == "ready" and health["engine"] == "healthy"  # vLLM-Omni's check_health passed
+
+
+def test_the_engine_probe_is_vllm_omnis_check_health():
+    """A dead stage fails vLLM-Omni's check_health (``EngineDeadError``): /health says failed with its words."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from vllm_omni_voicechat.omni.mount import engine_failure
+
+    class Engine:
+        def __init__(self, error=None):
+            self.error = error
+
+        async def check_health(self):
+            if self.error is not None:
+                raise self.error
+
+    dead = Engine(EngineDeadError("Stage-1 has no live replica"))
+    assert asyncio.run(engine_failure(Engine())) is None
+    assert asyncio.run(engine_failure(object())) is None  # an engine client without the check
+    assert asyncio.run(engine_failure(dead)) == "vLLM-Omni's engine is not healthy: Stage-1 has no live replica"
 
 
 def test_the_plugin_takes_its_bounds_from_the_same_settings_as_the_server(mounted):

@@ -189,3 +189,70 @@ def test_with_an_audio_lag_the_response_ends_on_its_last_packet_and_keeps_all_it
     assert text0 == text2 == ["You said: hello."] and status0 == status2 == ["completed"]
     assert n2 == n0 + 2  # the response stayed open two positions longer: its last packets were delivered
     assert audio2 == 2 * SILENT_OUTPUT_FRAME + audio0
+
+
+class _EndingHandle:
+    """A session the engine closes by itself (a dead stage's request cleanup, the engine's shutdown): its events end,
+    and its error never reaches the handle."""
+
+    session_id = "duplex-ending"
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.ended = asyncio.Event()
+        self.closed = False
+        self.close_reason = None
+
+    async def events(self):
+        await self.ended.wait()
+        self.closed, self.close_reason = True, "request_cleanup"
+        return
+        yield  # an async generator
+
+    async def submit(self, command) -> None:
+        pass
+
+    async def close(self, *, reason, timeout=None) -> None:
+        pass
+
+
+class _EndingOmni:
+    def __init__(self) -> None:
+        self.handle = _EndingHandle()
+
+    async def open_session(self, config, *, timeout=None):
+        return self.handle
+
+
+def test_a_session_the_engine_ends_fails_its_position_at_once_not_at_the_step_timeout(engine):
+    """A killed stage: vLLM-Omni evicts the replica and closes the session (its request-scoped error is dropped as
+    "unknown req"), so the position used to wait out the whole step timeout (30 s deployed)."""
+    import time
+
+    from vllm_omni_voicechat.model.port import ModelError, ModelTimeout, PositionInput, SessionPrompt
+
+    omni = _EndingOmni()
+    port = port_for(engine, step_timeout_s=30.0)
+    port.omni = omni
+    port.prefill(SessionPrompt("Be brief."))
+    engine.api.loop.call_soon_threadsafe(lambda: engine.api.loop.call_later(0.2, omni.handle.ended.set))
+    started = time.monotonic()
+    with pytest.raises(ModelError, match=r"position 0: vLLM-Omni ended the session \(request_cleanup\)") as caught:
+        port.step(PositionInput(bytes(2560)))
+    assert time.monotonic() - started < 5.0 and not isinstance(caught.value, ModelTimeout)
+    port.abort()
+    assert len(engine.plugin.bus) == 0
+
+
+def test_a_position_without_an_answer_is_a_model_timeout(engine):
+    from vllm_omni_voicechat.model.port import ModelTimeout, PositionInput, SessionPrompt
+
+    omni = _EndingOmni()  # never ended: nothing ever answers
+    port = port_for(engine, step_timeout_s=0.2)
+    port.omni = omni
+    port.prefill(SessionPrompt("Be brief."))
+    with pytest.raises(ModelTimeout, match=r"position 0: no Stage-0 output within 0.2 s"):
+        port.step(PositionInput(bytes(2560)))
+    port.abort()
+    engine.api.loop.call_soon_threadsafe(omni.handle.ended.set)  # let the port's watcher finish

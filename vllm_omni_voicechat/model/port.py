@@ -227,6 +227,11 @@ class ModelError(RuntimeError):
     """A model failure: the session that saw it is over (fatal ``internal_error``)."""
 
 
+class ModelTimeout(ModelError):
+    """The model did not answer a position within its bound: the session is over like any model failure, and the
+    model home itself may be stalled (a server reports itself degraded until a later position completes)."""
+
+
 @runtime_checkable
 class ModelPort(Protocol):
     """One live model session. Calls are blocking and come from one thread at a time.
@@ -253,6 +258,7 @@ __all__ = [
     "IDLE_FUNCTION",
     "ModelError",
     "ModelPort",
+    "ModelTimeout",
     "NO_CONTROLS",
     "PositionControls",
     "PositionInput",

@@ -32,6 +32,11 @@ class ChannelFailure(RuntimeError):
     """The engine reported a failure for this session, or the wait timed out."""
 
 
+class ChannelTimeout(ChannelFailure):
+    """Nothing arrived within the wait's bound: the engine did not answer (a stalled stage), not a failure it
+    reported."""
+
+
 class Channel:
     def __init__(self, session_id: str, *, audio_lag: int = 0) -> None:
         self.session_id = session_id
@@ -64,7 +69,7 @@ class Channel:
                     return item
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ChannelFailure(f"no {what} within {timeout_s:g} s")
+                    raise ChannelTimeout(f"no {what} within {timeout_s:g} s")
                 self._cond.wait(left)
 
     # --- plugin side (orchestrator thread) ---

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -116,11 +117,19 @@ class EngineServer:
         except OSError:
             return ""
 
-    def start(self, timeout: float = START_TIMEOUT_S, extra_args: tuple[str, ...] = ()) -> None:
+    def stage_pids(self) -> dict[int, int]:
+        """Stage id -> pid of its engine-core process (``StageEngineCoreProc_stage<N>``, a child of the server;
+        each has its model worker as a child), from the names vLLM logs its processes by (fault-injection tests)."""
+        children = set(_descendants(self.process.pid)) if self.process is not None else set()
+        found = re.findall(r"\(StageEngineCoreProc_stage(\d+)_replica0 pid=(\d+)\)", self.log_tail(100_000))
+        return {int(stage): int(pid) for stage, pid in found if int(pid) in children}
+
+    def start(self, timeout: float = START_TIMEOUT_S, extra_args: tuple[str, ...] = (),
+              extra_env: dict[str, str] | None = None) -> None:
         cli = Path(sys.executable).with_name("vllm-omni")
         cmd = [str(cli), "serve", str(self.checkpoint), "--omni", "--deploy-config", str(self.deploy),
                "--host", "127.0.0.1", "--port", str(self.port), *extra_args]
-        env = {**os.environ, **ENGINE_ENV}
+        env = {**os.environ, **ENGINE_ENV, **(extra_env or {})}
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child writes it for its whole life
         t0 = time.monotonic()
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import inspect
 import logging
 import sys
 from typing import Any
@@ -73,6 +74,7 @@ class VoicechatMount:
                               synthesizer=synthesizer, warmup_positions=warmup_positions,
                               external_auth=external_auth, **self.settings)
         self.server = VoicechatServer(config)
+        self.server.engine_probe = lambda: engine_failure(engine_client)
         self.api_server_count = int(getattr(app.state, "api_server_count", 1) or 1)
         if warmup_positions > 0:
             self.server.record_warmup(await loop.run_in_executor(None, warm_up, factory(), warmup_positions))
@@ -121,6 +123,21 @@ class VoicechatMount:
         return [Route("/health", self.health), Route("/v1/sessions", self.sessions), Route("/v1/usage", self.usage),
                 WebSocketRoute("/v1/realtime", self.realtime), WebSocketRoute("/v1/duplex", self.realtime),
                 WebSocketRoute("/v1/voicechat", self.v3), *page_routes()]
+
+
+async def engine_failure(engine_client: Any) -> str | None:
+    """Why vLLM-Omni's engine cannot serve a session, or None: its own ``check_health`` (the orchestrator is alive
+    and every stage has a live replica; a killed stage process fails it). ``/health`` reports ``failed`` with it."""
+    check = getattr(engine_client, "check_health", None)
+    if check is None:
+        return None
+    try:
+        result = check()
+        if inspect.isawaitable(result):
+            await result
+    except Exception as exc:  # EngineDeadError's args: its generic message, then the specific one
+        return f"vLLM-Omni's engine is not healthy: {exc.args[-1] if exc.args else type(exc).__name__}"
+    return None
 
 
 def subprotocol_keys_reach_vllm(app: Any) -> bool:

@@ -17,10 +17,10 @@ from typing import Any
 
 from vllm_omni.engine.duplex.commands import AppendAudio
 
-from ..model.port import ModelError, PositionInput, SessionPrompt, StepResult
+from ..model.port import ModelError, ModelTimeout, PositionInput, SessionPrompt, StepResult
 from ..session.tools import tool_to_dict
 from .alignment import BoundaryRetimer
-from .bus import Channel, ChannelFailure, Stage0Bus
+from .bus import Channel, ChannelFailure, ChannelTimeout, Stage0Bus
 from .envelope import EVIDENCE_KEY, EnvelopeError, decode_step, encode_controls, frame_to_f32
 
 DEFAULT_STEP_TIMEOUT_S = 10.0
@@ -88,11 +88,14 @@ class OmniStage0Port:
 
     @staticmethod
     async def _watch(handle: Any, channel: Channel) -> None:
-        """Engine errors for the session fail the position waiting on it."""
+        """Engine errors for the session fail the position waiting on it, and so does the end of its events: the
+        engine closed the session itself (a dead stage's request cleanup, the engine's shutdown), whose
+        error never reaches the handle. After our own close the channel has already failed ("session closed")."""
         async for event in handle.events():
             if type(event).__name__ == "ErrorEvent":
                 error = getattr(event, "error", None) or getattr(event, "raw", None) or event
                 channel.fail(f"vLLM-Omni session error: {error}")
+        channel.fail(f"vLLM-Omni ended the session ({getattr(handle, 'close_reason', None) or 'closed'})")
 
     def step(self, position: PositionInput) -> StepResult:
         handle, channel = self.handle, self.channel
@@ -113,8 +116,15 @@ class OmniStage0Port:
             output = channel.wait_stage0(self.step_timeout_s)
             inference_ms = (time.perf_counter() - started) * 1000.0
             audio = channel.wait_packet(self.step_timeout_s)
-        except (ChannelFailure, TimeoutError, EnvelopeError) as exc:
+        except (ChannelTimeout, TimeoutError) as exc:
+            raise ModelTimeout(f"position {self.position}: {str(exc) or 'vLLM-Omni took no append in time'}") from exc
+        except (ChannelFailure, EnvelopeError) as exc:
             raise ModelError(f"position {self.position}: {exc}") from exc
+        except Exception as exc:
+            if getattr(handle, "closed", False):  # the engine closed the session before our append (its shutdown)
+                raise ModelError(f"position {self.position}: vLLM-Omni ended the session "
+                                 f"({getattr(handle, 'close_reason', None) or 'closed'})") from exc
+            raise
         self.position += 1
         evidence = output.metadata.get(EVIDENCE_KEY)
         if evidence is None:

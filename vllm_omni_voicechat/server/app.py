@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from ..model.port import ModelTimeout
 from ..ops import prometheus
 from ..ops.usage import UsageBook
 from ..session.core import SessionConfig, SessionCore
@@ -61,6 +62,10 @@ class VoicechatServer:
         self.started_at = time.monotonic()
         self.sessions: dict[str, SessionShell] = {}
         self.cleanup_failure: str | None = None  # set when a session's model abort failed: new sessions refused
+        # A session's model step timed out (a stalled engine?): (when, what), degraded until a later position completes
+        self.model_stall: tuple[float, str] | None = None
+        # The host's engine check (inside vllm-omni serve: vLLM-Omni's check_health): why the engine is broken, or None
+        self.engine_probe: Callable[[], Awaitable[str | None]] | None = None
         self.attachments: dict[str, Attachment] = {}  # every live session's socket
         self.tiered: dict[str, Attachment] = {}  # live and detached tiered sessions (either lane), for session.resume
         self.warmup: WarmupReport | None = None
@@ -97,10 +102,35 @@ class VoicechatServer:
         synth = self.config.synthesizer
         return bool(synth is not None and synth.ready)
 
+    def _stall(self) -> str | None:
+        """The last model stall, unless a position has completed since (the engine answers again)."""
+        stall = self.model_stall
+        if stall is not None and any((s.last_step_at or 0.0) > stall[0] for s in list(self.sessions.values())):
+            self.model_stall = stall = None
+        return None if stall is None else stall[1]
+
+    def readiness(self, engine_failure: str | None = None) -> tuple[str, str | None]:
+        """``/health``'s status and why it is not ``ready``: ``failed`` when the engine is broken (``engine_failure``,
+        from the host's probe), ``degraded`` after a failed model cleanup, a failed warm-up or a model stall."""
+        if engine_failure is not None:
+            return "failed", engine_failure
+        if self.cleanup_failure:
+            return "degraded", self.cleanup_failure
+        if self.warmup_failed:
+            return "degraded", f"warmup failed: {self.warmup.error}"  # type: ignore[union-attr]
+        stall = self._stall()
+        if stall is not None:
+            return "degraded", f"a model step timed out ({stall}); no position has completed since"
+        return "ready", None
+
     async def health(self, request: Request) -> JSONResponse:
+        engine_failure = await self.engine_probe() if self.engine_probe is not None else None
+        status, reason = self.readiness(engine_failure)
         return JSONResponse(
             {
-                "status": "degraded" if self.cleanup_failure or self.warmup_failed else "ready",
+                "status": status,
+                **({"reason": reason} if reason is not None else {}),
+                **({"engine": "dead" if engine_failure else "healthy"} if self.engine_probe is not None else {}),
                 "model": "cleanup_failed" if self.cleanup_failure else "ready",
                 **({"model_cleanup_failure": self.cleanup_failure} if self.cleanup_failure else {}),
                 "model_kind": self.config.model_kind,
@@ -117,7 +147,8 @@ class VoicechatServer:
                 "host_runtime": "cpu-simulator" if self.config.model_kind == "simulator" else "vllm-omni",
                 "uptime_seconds": round(time.monotonic() - self.started_at, 3),
                 "warmup": None if self.warmup is None else self.warmup.to_json(),
-            }
+            },
+            status_code=503 if status == "failed" else 200,
         )
 
     # ================================================================ operators' views (off the WebSocket path)
@@ -422,6 +453,11 @@ class VoicechatServer:
             if shell.cleanup_error is not None:
                 self.cleanup_failure = f"model abort failed: {shell.cleanup_error}"
                 log.error("session %s: %s; refusing new sessions", session_id, self.cleanup_failure)
+            if isinstance(shell.model_error, ModelTimeout):
+                self.model_stall = (time.monotonic(), shell.model_failure or str(shell.model_error))
+                log.error("session %s: model step timed out (%s); serving degraded", session_id, shell.model_failure)
+            elif self.model_stall is not None and (shell.last_step_at or 0.0) > self.model_stall[0]:
+                self.model_stall = None
             if slot is not None:
                 slot.release()
             self.usage.end(session_id, ended_reason(att), time.monotonic())

@@ -133,6 +133,8 @@ class SessionShell:
         self._tasks: set[asyncio.Task] = set()
         self.positions = 0
         self.model_failure: str | None = None
+        self.model_error: BaseException | None = None  # what the model raised (the server tells a timeout apart)
+        self.last_step_at: float | None = None  # when a position last completed (the server's stall check)
         self.cleanup_error: BaseException | None = None  # model.abort() failed: the model home is suspect
         self._released = False
 
@@ -221,8 +223,10 @@ class SessionShell:
                             result = await loop.run_in_executor(self._executor, self.model.step, tick.position.input)
                     except Exception as exc:
                         self.model_failure = f"position {self.positions - 1}: {exc}"  # for the server's log
+                        self.model_error = exc
                         outputs = self.core.fail(tick.position, exc, self._clock())
                     else:
+                        self.last_step_at = self._clock()
                         outputs = self.core.complete(tick.position, result, self._clock())
                     await self._dispatch(outputs)
                     self._room.set()  # a position's ack may have released held frames
