@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -76,7 +77,7 @@ def idle(server) -> dict:
         body = health(server)[1]
         if not body.get("active_sessions") or time.monotonic() > deadline:
             return body
-        time.sleep(0.2)  # polling the server's own account of its sessions, bounded
+        time.sleep(0.2)  # ok: another process's HTTP state has no event to await; bounded poll
 
 
 def alive(pid: int) -> bool:
@@ -168,6 +169,14 @@ class Wire:
             await reader
 
 
+async def signal_mid_stream(wire: Wire, pid: int, sig: int) -> tuple[asyncio.Task, float]:
+    """Start ``wire`` streaming, then send ``sig`` to a stage process: (the wire's task, when the signal went)."""
+    task = asyncio.create_task(wire.run(60))
+    await wire.streaming.wait()
+    os.kill(pid, sig)
+    return task, time.monotonic()
+
+
 def assert_fatal(wire: Wire, code: str, after: float, bound_s: float, message: str = "") -> dict:
     """The session's typed fatal ending, in its dialect, within ``bound_s`` of ``after``; returns the error."""
     errors = wire.errors()
@@ -233,10 +242,7 @@ def test_a_stopped_stage_ends_its_session_at_the_step_timeout_and_health_says_de
     wire = Wire(engine.ws + "/v1/voicechat", "v3")
 
     async def main():
-        task = asyncio.create_task(wire.run(60))
-        await wire.streaming.wait()
-        os.kill(talker, signal.SIGSTOP)
-        stopped = time.monotonic()
+        task, stopped = await signal_mid_stream(wire, talker, signal.SIGSTOP)
         try:
             await asyncio.wait_for(task, 4 * STEP_TIMEOUT_S + 10)
             return stopped, idle(engine)
@@ -290,9 +296,13 @@ def test_shutdown_under_load_ends_each_session_with_its_typed_error(engine):
         assert_fatal(wire, "internal_error", signalled, PROMPT_BOUND_S,
                      message="vLLM-Omni ended the session (shutdown)")
     assert engine.process.wait(60) == 0, engine.log_tail()
-    deadline = time.monotonic() + 15
-    while any(alive(pid) for pid in stages) and time.monotonic() < deadline:
-        time.sleep(0.2)  # stage processes exit with the server; bounded wait
+    import psutil
+
+    procs = []
+    for pid in stages:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    psutil.wait_procs(procs, timeout=15)  # stage processes exit with the server
     assert not [pid for pid in stages if alive(pid)]  # no stage process outlives the server
 
 
@@ -314,10 +324,7 @@ def test_a_killed_stage_fails_its_session_at_once_and_health_says_failed(killabl
     wire = Wire(server.ws + "/v1/voicechat", "v3")
 
     async def main():
-        task = asyncio.create_task(wire.run(60))
-        await wire.streaming.wait()
-        os.kill(talker, signal.SIGKILL)
-        killed = time.monotonic()
+        task, killed = await signal_mid_stream(wire, talker, signal.SIGKILL)
         await asyncio.wait_for(task, 60)
         return killed
 

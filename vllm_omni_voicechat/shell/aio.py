@@ -226,8 +226,8 @@ class SessionShell:
                         self.model_error = exc
                         outputs = self.core.fail(tick.position, exc, self._clock())
                     else:
-                        self.last_step_at = self._clock()
-                        outputs = self.core.complete(tick.position, result, self._clock())
+                        self.last_step_at = now = self._clock()
+                        outputs = self.core.complete(tick.position, result, now)
                     await self._dispatch(outputs)
                     self._room.set()  # a position's ack may have released held frames
                     while not self.core.closed and not self._inbox.empty():
