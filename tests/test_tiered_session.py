@@ -15,6 +15,7 @@ import pytest
 
 from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.wire.tiered import parser as P
+from vllm_omni_voicechat.wire.tiered import projector as tiered_projector
 from vllm_omni_voicechat.wire.tiered.connection import ResumeOutcome, TieredOptions
 from vllm_omni_voicechat.wire.tiered.outgoing import TIER3 as _TIER3
 from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
@@ -1325,3 +1326,34 @@ def test_response_done_carries_usage_in_80_ms_positions_and_model_text_tokens(ti
         assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
         if lane == "openai":  # the full lane's metadata is Tier 3's own
             validate_openai_server_event(done)
+
+
+def test_one_resampler_serves_the_session_and_ended_responses_keep_none(tiered, monkeypatch):
+    """A resampler per response cost a soxr init each, and its C memory lived as long as the response's record
+    (the whole session): one per session, drained at every terminal; a rate change makes the next one anew."""
+    made: list[Any] = []
+
+    class Counted(tiered_projector.OutputEncoder):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(tiered_projector, "OutputEncoder", Counted)
+    d = tiered()
+    speak(d, "Hello")
+    assert_spoken_reply(d.run(), "resp_1", "You said: Hello.")
+    mid_response(d, "Wait")
+    assert_cancelled_terminal(d.send({"type": "response.cancel"}), "resp_2", "client_cancelled")
+    d.run()
+    assert_next_response_is_at_epoch(d, 1)  # resp_3 speaks clean audio through the cleared resampler
+    projector = d.session.projector
+    assert len(made) == 1 and made[0].sample_rate == 24_000
+    assert [r.encoder for r in projector.responses.values()] == [None, None, None]
+
+    d.send({"type": "session.update", "session": {"audio": {"output": {"format": {"type": "audio/pcm",
+                                                                                   "rate": 16000}}}}})
+    speak(d, "Hi")
+    events = d.run()
+    assert {a["sample_rate_hz"] for a in of_type(events, AUDIO)} == {16_000}
+    assert [e.sample_rate for e in made] == [24_000, 16_000]
+    assert all(r.encoder is None for r in projector.responses.values())

@@ -73,6 +73,8 @@ class TieredProjector:
         self._user_turn_item: dict[str, str] = {}
         self.pending_create = False
         """A ``response.create`` after a function output waits for wire response B."""
+        self._encoder: OutputEncoder | None = None
+        self._encoder_key: tuple[str, int] | None = None
 
     @property
     def epoch(self) -> int:
@@ -200,7 +202,7 @@ class TieredProjector:
             return []
         self._response_seq += 1
         rid = f"resp_{self._response_seq}"
-        encoder = OutputEncoder(self.output_format, self.output_rate) if "audio" in self.modalities else None
+        encoder = self._output_encoder() if "audio" in self.modalities else None
         r = WireResponse(rid, native_id, self.epoch, self.modalities,
                          PlaybackLedger(rid, self.commit_policy), encoder)  # type: ignore[arg-type]
         r.input_audio_tokens, self._heard_positions = self._heard_positions, 0
@@ -211,6 +213,14 @@ class TieredProjector:
         out = [{"type": "response.created", "response_id": rid, "response": body}]
         out += self._open_message(r)
         return out
+
+    def _output_encoder(self) -> OutputEncoder:
+        """The session's resampler, shared by its responses (one open at a time; each terminal drains it): a
+        resampler per response cost a soxr init each and kept C memory alive as long as the response's record."""
+        key = (self.output_format, self.output_rate)
+        if self._encoder is None or self._encoder_key != key:
+            self._encoder, self._encoder_key = OutputEncoder(*key), key
+        return self._encoder
 
     def _open_message(self, r: WireResponse) -> list[WireEvent]:
         r.message_open = True
@@ -332,6 +342,7 @@ class TieredProjector:
         if r.message_open:  # flushes the resampler: sent_ms is final only after it
             out += self._close_message(r, "completed" if status == "completed" else "incomplete")
         r.ledger.finish(status == "completed")
+        r.encoder = None  # drained above; the next response takes the session's resampler
         r.done = True
         r.status = status
         if self.active is r:
