@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import gc
 import json
 import os
 import random
@@ -69,6 +70,28 @@ CITIES = ("Paris", "Oslo", "Lima", "Rome")
 # ====================================================================== the server (child process)
 
 
+class GcPauses:
+    """A ``gc.callbacks`` entry: full (generation 2) collections and the longest pause of any collection since the
+    last sample. A pause stops the server's loop and every session's model thread alike."""
+
+    def __init__(self) -> None:
+        self.full = 0
+        self.max_ms = 0.0
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        self.max_ms = max(self.max_ms, (time.perf_counter() - self._t0) * 1000)
+        self.full += info["generation"] == 2
+
+    def take(self) -> dict:
+        out = {"full": self.full, "max_pause_ms": round(self.max_ms, 2)}
+        self.full, self.max_ms = 0, 0.0
+        return out
+
+
 def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
     """Child process: serve, print ``READY <url>``, then one JSON stats line per sample until stdin closes."""
     from vllm_omni_voicechat.server import ServerConfig
@@ -86,7 +109,7 @@ def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
 
         kw["trace_factory"] = factory
     server = InProcessServer(ServerConfig.simulator(max_sessions=64, settlement_blank_frames=3,
-                                                    disconnect_grace_s=grace_s, **kw))
+                                                    disconnect_grace_s=grace_s, **kw), manage_heap=True)
     app = server.app.state.voicechat
     print(f"READY {server.url}", flush=True)
     stop = threading.Event()
@@ -103,16 +126,24 @@ def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
                 "over_budget": {d: t.over_budget for d, t in totals.items()},
                 "resumes": dict(app.usage.resumes)}
 
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
     started = time.monotonic()
     while not stop.wait(sample_s):
         tasks = asyncio.run_coroutine_threadsafe(count_tasks(), server.loop).result(10)
         totals = asyncio.run_coroutine_threadsafe(late_counts(), server.loop).result(10)
         print(json.dumps({"t": round(time.monotonic() - started, 3), "rss": rss_bytes(), "tasks": tasks,
                           "threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd")),
-                          "sessions": len(app.sessions), "active": app.admission.active, **totals}), flush=True)
+                          "sessions": len(app.sessions), "active": app.admission.active, **totals,
+                          "gc": pauses.take()}), flush=True)
+    from vllm_omni_voicechat.session.core import SessionCore
+
+    # Every session has ended by now: none of them may still be in memory (their cycles collected).
+    cores_alive = sum(isinstance(o, SessionCore) for o in gc.get_objects())
     server.stop()
     violations = [v for c in checkers for v in c.violations]
-    print(json.dumps({"final": True, "sockets_traced": len(checkers), "trace_violations": violations[:50],
+    print(json.dumps({"final": True, "session_cores_alive": cores_alive, "heap_collections": app.heap.collections,
+                      "sockets_traced": len(checkers), "trace_violations": violations[:50],
                       "trace_violation_count": len(violations), "backpressure_overflows":
                       sum(s["outbound_overflows"] for s in app.backpressure)}), flush=True)
 
@@ -604,6 +635,8 @@ def run_soak(*, sessions: int, duration: float, session_s: float, sample_s: floa
         "server_late_positions": last.get("late", {}),
         "server_over_budget_positions": last.get("over_budget", {}),
         "server_resumes": last.get("resumes", {}),
+        "gc": {"full_collections": sum(x["gc"]["full"] for x in samples if "gc" in x),
+               "max_pause_ms": max((x["gc"]["max_pause_ms"] for x in samples if "gc" in x), default=None)},
         "clients": merge(v3 + td),
         "v3": merge(v3),
         "tiered": merge(td),
@@ -673,7 +706,8 @@ def main(argv: list[str] | None = None) -> dict | None:
           f"over budget {report['server_over_budget_positions']}; v3 metrics late_ms p99 "
           f"{report['v3']['server_late_ms_p99']}")
     print(f"server RSS {report['rss_mib']} MiB, slope {report['memory_slope_mib_per_hour']} MiB/h; open tasks "
-          f"{report['open_tasks']}, threads {report['threads']}, fds {report['fds']}; {report['server']}")
+          f"{report['open_tasks']}, threads {report['threads']}, fds {report['fds']}; collector {report['gc']}; "
+          f"{report['server']}")
     print(f"wrote {args.out}")
     return report
 

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         from .server.uvicorn import VoicechatUvicornServer, uvicorn_config
 
-        app = create_app(config)
+        app = create_app(config, manage_heap=True)
         VoicechatUvicornServer(
             uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                            ws_per_message_deflate=args.ws_compression), app.state.voicechat

@@ -45,6 +45,7 @@ from .admission import Admission, Slot
 from .auth import ApiKeys, RequireApiKey, safe_subprotocol
 from .attachment import Attachment
 from .config import ServerConfig
+from .heap import Heap
 from .outbox import Outbox
 from .page import page_routes
 from .uvicorn import VoicechatUvicornServer
@@ -71,8 +72,15 @@ class VoicechatServer:
         self.warmup: WarmupReport | None = None
         self.backpressure: deque[dict[str, Any]] = deque(maxlen=256)  # the last ended sessions (benchmarks, tests)
         self.usage = UsageBook(self.started_at)  # what every session did: /v1/usage, /v1/sessions, Prometheus
+        self.heap = Heap(managed=False)  # create_app's manage_heap: ended sessions' cycles collected soon
         self.draining: dict[str, tuple[str, float]] = {}  # ended, slot freed, socket still closing: (dialect, since)
         prometheus.install(self)  # this process's /metrics (ours standalone, vLLM's inside vllm-omni serve)
+
+    def _reclaim(self) -> None:
+        """A session's handler has ended: its cycles go at the next full collection, soon (server/heap.py)."""
+        delay = self.heap.session_ended(time.monotonic())
+        if delay is not None:
+            asyncio.get_running_loop().call_later(delay, lambda: self.heap.collect_due(time.monotonic()))
 
     def outbox(self, session_id: str) -> Outbox | None:
         """The outbound queue of a live session's current socket (benchmarks, tests)."""
@@ -234,6 +242,7 @@ class VoicechatServer:
         finally:
             slot.release()
             self.usage.end(protocol.session_id, "disconnect", time.monotonic())  # a backstop: ends once
+            self._reclaim()
 
     # ================================================================ the tiered dialect
 
@@ -328,6 +337,7 @@ class VoicechatServer:
         finally:
             slot.release()
             self.usage.end(protocol.session_id, "disconnect", time.monotonic())  # a backstop: ends once
+            self._reclaim()
 
     async def _queue_for_slot(self, websocket: WebSocket, held: list[str | bytes]) -> tuple[Slot | None, str | None]:
         """Wait in the admission queue: ``session.queued`` at once, ``session.queue_update`` when the position
@@ -536,9 +546,12 @@ class VoicechatServer:
             await outbox.closed()  # closed by whoever retired it: a takeover, the session's end, or a drop
 
 
-def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], None] | None = None) -> Starlette:
-    """The app; ``on_ready`` runs once the server has started (tests use it instead of polling)."""
+def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], None] | None = None,
+               manage_heap: bool = False) -> Starlette:
+    """The app; ``on_ready`` runs once the server has started (tests use it instead of polling). ``manage_heap``:
+    the process serves only this app (the CLI, the soak): see server/heap.py."""
     server = VoicechatServer(config or ServerConfig.simulator())
+    server.heap = Heap(managed=manage_heap)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -546,6 +559,7 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
             server.record_warmup(await asyncio.get_running_loop().run_in_executor(
                 None, warm_up, server.config.model_factory(), server.config.warmup_positions
             ))
+        server.heap.started()
         if on_ready is not None:
             on_ready()
         yield

@@ -18,7 +18,8 @@ class InProcessServer:
     refused); ``url`` is the ``ws://`` base, ``app`` the Starlette app, ``voicechat`` its ``VoicechatServer``,
     ``loop`` the server's event loop. A context manager; :meth:`stop` stops and joins it."""
 
-    def __init__(self, config: ServerConfig, *, start_timeout_s: float = 30.0, **uvicorn_kwargs: Any) -> None:
+    def __init__(self, config: ServerConfig, *, start_timeout_s: float = 30.0, manage_heap: bool = False,
+                 **uvicorn_kwargs: Any) -> None:
         ready = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -26,7 +27,7 @@ class InProcessServer:
             self.loop = asyncio.get_running_loop()
             ready.set()
 
-        self.app = create_app(config, on_ready=on_ready)
+        self.app = create_app(config, on_ready=on_ready, manage_heap=manage_heap)
         self.voicechat = self.app.state.voicechat
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
