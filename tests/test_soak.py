@@ -5,7 +5,8 @@ child process, both dialects at once.
 - ``test_soak_smoke`` (~35 s, always): every turn answered and completed (a barge-in's first answer cancelled),
   no error, every v3 session closed by ``session.stop`` and every tiered one closed or abandoned, every resumed
   question answered whole (its input resent from the receipt) with no event lost or duplicated, zero trace
-  invariant violations on every socket, and the server's open tasks, threads and descriptors back to idle.
+  invariant violations on every socket, the server's open tasks, threads and descriptors back to idle, and no
+  ended session left in the server's memory (their reference cycles collected: server/heap.py).
 - ``test_soak_five_minutes`` (marked ``soak``; runs with ``-m soak`` or ``VOICECHAT_SOAK=1``): the same checks
   over 5 minutes and 4 sessions, plus bounded memory. Its figures land in benchmarks/results/soak_5min.json.
 """
