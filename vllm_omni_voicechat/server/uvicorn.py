@@ -1,23 +1,30 @@
 """Our uvicorn: a server that ends our sessions first when it shuts down, and a WebSocket protocol that lets the
-app drop a connection.
+app drop a connection and write many small events cheaply.
 
 ASGI has no abort, and a graceful close waits on a reader that may never read. uvicorn takes a protocol class for
-its ``ws`` setting; ours is its default one, recording each connection's asyncio transport (given to
-``connection_made``, the standard asyncio protocol callback) under the connection's addresses, which the ASGI
-scope carries as ``client`` and ``server``. Under another ASGI server (vLLM-Omni's own uvicorn) no transport is
-known and a stalled socket is closed, not reset.
+its ``ws`` setting; ours is its default one (the websockets sans-I/O protocol), recorded under the connection's
+addresses, which the ASGI scope carries as ``client`` and ``server``, so the app can find its transport. Under
+another ASGI server (vLLM-Omni's own uvicorn) no protocol is known: a stalled socket is closed, not reset, and
+events go out one ASGI send each.
+
+A session sends 2-3 events per 80 ms position and receives about one, so per-message costs dominate the server
+at a few hundred sessions (issue 18): ours writes every event queued for a socket in one transport write (one
+send syscall, not one per event and its ASGI round trip), and pauses reading only when the app falls
+``READ_AHEAD_MESSAGES`` behind (uvicorn pauses after every message and resumes on the next receive).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 _Key = tuple[str, int, str, int]
-_TRANSPORTS: dict[_Key, asyncio.BaseTransport] = {}
+READ_AHEAD_MESSAGES = 16
+"""Inbound messages uvicorn may queue for the app before it stops reading the socket (backpressure)."""
 
 
 def _key(client: Any, server: Any) -> _Key | None:
@@ -28,26 +35,61 @@ def _key(client: Any, server: Any) -> _Key | None:
     return (str(client[0]), int(client[1]), str(server[0]), int(server[1]))
 
 
-class AbortableWebSockets(AutoWebSocketsProtocol):  # type: ignore[misc,valid-type]
-    """uvicorn's default WebSocket protocol, with its transport findable from the ASGI scope."""
+class AbortableWebSockets(WebSocketsSansIOProtocol):
+    """uvicorn's default WebSocket protocol (with websockets installed, as it always is with us), findable from the
+    ASGI scope, writing several texts at once and reading ahead a few messages."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         self.voicechat_key = _key(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
         if self.voicechat_key is not None:
-            _TRANSPORTS[self.voicechat_key] = transport
+            _PROTOCOLS[self.voicechat_key] = self
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.voicechat_key is not None:
-            _TRANSPORTS.pop(self.voicechat_key, None)
+            _PROTOCOLS.pop(self.voicechat_key, None)
         super().connection_lost(exc)
+
+    def write_texts(self, texts: Sequence[str]) -> None:
+        """Frame each text as a WebSocket message and hand them all to the transport in one write. Raises
+        ``ConnectionError`` once the connection is closing or gone (websockets' ``InvalidState`` included)."""
+        if self.disconnected or self.close_sent or not self.handshake_complete:
+            raise ConnectionError("the WebSocket is not open")
+        conn = self.conn
+        try:
+            for text in texts:
+                conn.send_text(text.encode())
+        except Exception as exc:  # InvalidState: the peer's close arrived
+            raise ConnectionError(str(exc)) from exc
+        self.transport.write(b"".join(conn.data_to_send()))
+
+    def send_receive_event_to_app(self) -> None:
+        # uvicorn pauses reading after every message (it skips that while already paused) and resumes when the app
+        # has taken them all; we pause only at READ_AHEAD_MESSAGES, and uvicorn's receive resumes as before.
+        paused, self.read_paused = self.read_paused, True
+        try:
+            super().send_receive_event_to_app()
+        finally:
+            self.read_paused = paused
+        if not paused and self.queue.qsize() >= READ_AHEAD_MESSAGES:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+
+_PROTOCOLS: dict[_Key, AbortableWebSockets] = {}
+
+
+def protocol_for(websocket: Any) -> AbortableWebSockets | None:
+    """Our protocol serving a Starlette WebSocket, when :class:`AbortableWebSockets` serves it, else None."""
+    scope = websocket.scope
+    key = _key(scope.get("client"), scope.get("server"))
+    return _PROTOCOLS.get(key) if key is not None else None
 
 
 def transport_for(websocket: Any) -> Any:
     """The asyncio transport of a Starlette WebSocket served by :class:`AbortableWebSockets`, else None."""
-    scope = websocket.scope
-    key = _key(scope.get("client"), scope.get("server"))
-    return _TRANSPORTS.get(key) if key is not None else None
+    protocol = protocol_for(websocket)
+    return protocol.transport if protocol is not None else None
 
 
 def uvicorn_config(app: Any, **kwargs: Any) -> uvicorn.Config:

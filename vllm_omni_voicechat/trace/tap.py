@@ -2,7 +2,9 @@
 
 The server calls :func:`tap_socket` once per accepted socket when ``ServerConfig.trace_factory`` is set (tests set
 it for every integration test). The tap wraps the socket's ASGI ``send``/``receive`` so every frame is seen in the
-order it really crossed the transport, whichever code path sent it; the wrapper itself does no I/O of its own.
+order it really crossed the transport, whichever code path sent it; the wrapper itself does no I/O of its own. A
+writer that bypasses ASGI (the outbox's batched writes on our uvicorn protocol) reports its frames through
+:func:`traced`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ class Trace(Protocol):
 
 
 _TAPPED = "voicechat.trace"
+
+
+def traced(websocket: Any) -> Trace | None:
+    """The trace tapping ``websocket``, if any."""
+    return websocket.scope.get(_TAPPED)
 
 
 def tap_socket(websocket: Any, factory: Callable[[str], Trace] | None, dialect: str) -> Trace | None:

@@ -1,0 +1,177 @@
+"""Our uvicorn WebSocket protocol (server/uvicorn.py) driven byte by byte: a websockets client protocol (sans-I/O)
+on the other side of a recording transport, no sockets. Several texts go out in one transport write; reading
+pauses only when the app is ``READ_AHEAD_MESSAGES`` behind, and resumes when it has caught up. Then the outbox's
+batched writes through the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import uvicorn
+from uvicorn.server import ServerState
+from websockets.client import ClientProtocol
+from websockets.frames import Opcode
+from websockets.http11 import Response
+from websockets.uri import parse_uri
+
+from vllm_omni_voicechat.audio.speech import render_speech
+from vllm_omni_voicechat.server import ServerConfig
+from vllm_omni_voicechat.server.uvicorn import READ_AHEAD_MESSAGES, AbortableWebSockets
+
+from .server_fixture import running_app
+from .test_v3_server import append, barrier, configured
+
+
+class RecordingTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.calls: list[str] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def pause_reading(self) -> None:
+        self.calls.append("pause")
+
+    def resume_reading(self) -> None:
+        self.calls.append("resume")
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+
+async def _accepting_app(scope, receive, send) -> None:
+    assert (await receive())["type"] == "websocket.connect"
+    await send({"type": "websocket.accept"})
+    await asyncio.Event().wait()  # never reads: the test plays the app's receive itself
+
+
+async def _connected() -> tuple[AbortableWebSockets, RecordingTransport, ClientProtocol]:
+    config = uvicorn.Config(_accepting_app, ws=AbortableWebSockets, log_level="warning")
+    config.load()
+    protocol = AbortableWebSockets(config, ServerState(), {}, _loop=asyncio.get_running_loop())
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/v1/realtime"))
+    client.send_request(client.connect())
+    protocol.data_received(b"".join(client.data_to_send()))
+    for _ in range(20):  # the app's task takes the connect message and accepts
+        await asyncio.sleep(0)
+        if transport.writes:
+            break
+    client.receive_data(transport.writes.pop())
+    assert isinstance(client.events_received()[0], Response)
+    return protocol, transport, client
+
+
+def _frames(client: ClientProtocol, data: bytes) -> list[str]:
+    client.receive_data(data)
+    return [f.data.decode() for f in client.events_received() if f.opcode == Opcode.TEXT]
+
+
+def test_several_texts_go_out_in_one_transport_write():
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        protocol.write_texts(['{"type":"a"}', '{"type":"b"}', '{"type":"c"}'])
+        assert len(transport.writes) == 1
+        assert _frames(client, transport.writes[0]) == ['{"type":"a"}', '{"type":"b"}', '{"type":"c"}']
+        protocol.close_sent = True
+        with pytest.raises(ConnectionError):
+            protocol.write_texts(['{"type":"d"}'])
+        assert len(transport.writes) == 1
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_closing_peer_turns_into_a_connection_error():
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        client.send_close(1000)
+        protocol.data_received(b"".join(client.data_to_send()))
+        writes = len(transport.writes)  # the close reply
+        with pytest.raises(ConnectionError):
+            protocol.write_texts(['{"type":"late"}'])
+        assert len(transport.writes) == writes
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+
+
+def test_reading_pauses_only_when_the_app_is_behind_and_resumes_when_it_caught_up():
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        for i in range(READ_AHEAD_MESSAGES - 1):  # one message per read, the app not reading: no pause yet
+            client.send_text(f'{{"n":{i}}}'.encode())
+            protocol.data_received(b"".join(client.data_to_send()))
+        assert transport.calls == []
+        assert protocol.queue.qsize() == READ_AHEAD_MESSAGES - 1
+        for i in range(READ_AHEAD_MESSAGES - 1, 40):  # the rest in one read: parsed, queued, then paused once
+            client.send_text(f'{{"n":{i}}}'.encode())
+        protocol.data_received(b"".join(client.data_to_send()))
+        assert transport.calls == ["pause"]
+        got = [(await protocol.receive())["text"] for _ in range(40)]
+        assert got == [f'{{"n":{i}}}' for i in range(40)]
+        assert transport.calls == ["pause", "resume"]  # once the queue is empty
+        for i in range(5):  # an app that keeps up: reading is never paused
+            client.send_text(b'{"n":"again"}')
+            protocol.data_received(b"".join(client.data_to_send()))
+            assert (await protocol.receive())["text"] == '{"n":"again"}'
+        assert transport.calls == ["pause", "resume"]
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_positions_events_leave_in_one_write_and_the_trace_sees_every_frame(monkeypatch):
+    """Through the real server: everything an admitted v3 session's client receives went out through
+    ``write_texts``, in order and as the trace tap saw it; an audio delta never leaves without its position's
+    metrics (both are queued by the same position), so writes are fewer than events."""
+    batches: list[list[str]] = []
+    write_texts = AbortableWebSockets.write_texts
+
+    def recording(self, texts):
+        batches.append(list(texts))
+        write_texts(self, texts)
+
+    monkeypatch.setattr(AbortableWebSockets, "write_texts", recording)
+    seen: list[str] = []
+
+    class Seen:
+        def server_event(self, message):
+            seen.append(message)
+
+        def client_event(self, message):
+            pass
+
+        def transport_closed(self, code):
+            pass
+
+    config = ServerConfig.simulator(settlement_blank_frames=3, max_sessions=2, trace_factory=lambda dialect: Seen())
+    with running_app(config) as (url, _):
+        c = configured(url)
+        c.send(barrier("turn_start", 1, "s1"))
+        c.send(append(render_speech("Hi there")))
+        c.send(barrier("commit", 1, "c1"))
+        c.recv_until(lambda e: e["type"] == "response.done")
+        c.send({"type": "session.stop", "event_id": "x"})
+        assert c.close_code() == 1000
+    written = [text for batch in batches for text in batch]
+    assert [json.loads(text) for text in written] == c.received
+    assert seen == written
+    for batch in batches:
+        types = [json.loads(text)["type"] for text in batch]
+        if "response.output_audio.delta" in types:
+            assert "voicechat.metrics" in types, types
+    assert sum("response.output_audio.delta" in text for text in written) >= 10
+    assert len(batches) < len(written) / 1.5, (len(batches), len(written))
