@@ -18,7 +18,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -165,13 +165,24 @@ def v3_append(pcm: bytes) -> str:
                        "channels": 1, "audio": base64.b64encode(pcm).decode()})
 
 
-def session_update(dialect: str, instructions: str = "Be brief.") -> str:
+WEATHER = [{"type": "function", "name": "get_weather", "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+CITIES = ("Paris", "Oslo", "Lima", "Rome")
+MIX = ("voice", "voice", "typed", "tool")
+"""The turn kinds of the mixed talker (``ScriptedClient(..., mix=True)``), drawn with equal odds."""
+
+
+def session_update(dialect: str, instructions: str = "Be brief.", tools: list | None = None) -> str:
     if dialect == "v3":
-        return json.dumps({"type": "session.update", "event_id": "u1",
-                           "session": {"protocol_version": 3, "instructions": instructions}})
-    return json.dumps({"type": "session.update", "session": {
-        "modalities": ["audio", "text"], "instructions": instructions, "input_audio_format": "pcm_f32le",
-        "sample_rate_hz": 16000, "output_audio_format": "pcm16", "extra_body": {"auto_response": True}}})
+        session: dict[str, Any] = {"protocol_version": 3, "instructions": instructions}
+        if tools:
+            session["tools"] = tools
+        return json.dumps({"type": "session.update", "event_id": "u1", "session": session})
+    session = {"modalities": ["audio", "text"], "instructions": instructions, "input_audio_format": "pcm_f32le",
+               "sample_rate_hz": 16000, "output_audio_format": "pcm16", "extra_body": {"auto_response": True}}
+    if tools:
+        session["tools"] = tools
+    return json.dumps({"type": "session.update", "session": session})
 
 
 @dataclass
@@ -180,25 +191,38 @@ class ClientStats:
     responses_done: int = 0
     frames: int = 0
     wait_timeouts: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+    function_outputs: int = 0
 
 
 class ScriptedClient:
-    """One talker: ``tick()`` returns this 80 ms tick's client texts; ``observe(text)`` sees each server event.
+    """One talker: ``tick()`` returns this 80 ms tick's client texts; ``observe(text)`` sees each server event and
+    returns what the client answers at once (a function call's output).
 
     pause (0.3-1 s of silence) -> phrase (2-5 words of simulator speech) -> silence until ``response.done`` (at most
-    ``max_wait`` frames) -> pause ... The microphone streams every tick, so responses ride on real frames.
+    ``max_wait`` frames) -> pause ... The microphone streams every tick, so responses ride on real frames. With
+    ``mix`` (the session configured with ``WEATHER``) a turn is one of ``MIX``: a spoken phrase, a typed one, or a
+    spoken function call (``call get_weather {...}``) whose output the client sends back and whose post-tool
+    answer it waits for (two ``response.done``). A v3 talker mutes its microphone from a typed request until the
+    injection finished: the server drops appends meanwhile (server-side half duplex), which would leave the
+    client's frame count ahead of the server's ``transport_frame``.
     """
 
-    def __init__(self, dialect: str, rng: random.Random, cache: AppendCache, *, max_wait: int = 120) -> None:
+    def __init__(self, dialect: str, rng: random.Random, cache: AppendCache, *, max_wait: int = 120,
+                 mix: bool = False) -> None:
         self.dialect = dialect
         self.rng = rng
         self.cache = cache
         self.max_wait = max_wait
+        self.mix = mix
         self.stats = ClientStats()
         self._queue: list[tuple[bytes, list[str], list[str]]] = []  # (frame, texts before, texts after)
-        self._waiting = False
+        self._waiting = 0  # response.done still awaited for this turn
         self._waited = 0
         self._turn = 0
+        self._muted = False
+        self.kind = "voice"
+        """The current turn's kind."""
         self._pause()
         self._phrase()
 
@@ -207,11 +231,22 @@ class ScriptedClient:
             self._queue.append((SILENCE, [], []))
 
     def _phrase(self) -> None:
-        words = [self.rng.choice(WORDS) for _ in range(self.rng.randint(2, 5))]
-        frames = speech_frames(" ".join(words)) + [SILENCE]  # trailing silence ends the last word
+        kind = self.kind = self.rng.choice(MIX) if self.mix else "voice"
         self._turn += 1
         self.stats.turns += 1
+        self.stats.kinds[kind] = self.stats.kinds.get(kind, 0) + 1
         k = self._turn
+        self._waiting, self._waited = (2 if kind == "tool" else 1), 0
+        words = " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(2, 5)))
+        if kind == "typed":
+            typed = ({"type": "input_text.request", "event_id": f"t{k}", "job_id": f"job{k}", "text": words}
+                     if self.dialect == "v3" else {"type": "input.text.append", "event_id": f"t{k}", "text": words})
+            self._queue.append((SILENCE, [json.dumps(typed)], []))
+            self._muted = self.dialect == "v3"  # from this tick on; its own frame is not sent
+            return
+        if kind == "tool":
+            words = f'call get_weather {{"city": "{self.rng.choice(CITIES)}"}}'
+        frames = speech_frames(words) + [SILENCE]  # trailing silence ends the last word
         for i, f in enumerate(frames):
             before, after = [], []
             if self.dialect == "v3":
@@ -222,26 +257,45 @@ class ScriptedClient:
                     after.append(json.dumps({"type": "input_audio_buffer.commit", "event_id": f"c{k}",
                                              "client_turn_id": k}))
             self._queue.append((f, before, after))
-        self._waiting = True
-        self._waited = 0
 
-    def observe(self, text: str) -> None:
+    def observe(self, text: str) -> list[str]:
+        if self._muted and ('"input_text.injection_finished"' in text or '"error"' in text[:40]):
+            self._muted = False
         if '"response.done"' in text:
             self.stats.responses_done += 1
-            self._waiting = False
+            self._waiting = max(0, self._waiting - 1)
+        elif '"response.function_call_arguments.done"' in text:
+            e = json.loads(text)
+            self.stats.function_outputs += 1
+            output = {"type": "conversation.item.create", "event_id": f"out_{e['call_id']}",
+                      "item": {"type": "function_call_output", "call_id": e["call_id"],
+                               "output": json.dumps({"city": "Paris", "temp_c": 21})}}
+            if self.dialect == "v3":
+                return [json.dumps(output)]
+            return [json.dumps(output), json.dumps({"type": "response.create", "event_id": f"rc_{e['call_id']}"})]
+        return []
+
+    @property
+    def waiting(self) -> bool:
+        """The current turn's answer (both, for a function call) is not done yet."""
+        return bool(self._waiting)
 
     def tick(self) -> list[str]:
         if not self._queue:
             if self._waiting and self._waited < self.max_wait:
                 self._waited += 1
+                if self._muted:
+                    return []
                 self.stats.frames += 1
                 return [self.cache.text(SILENCE)]
             if self._waiting:
                 self.stats.wait_timeouts += 1
-                self._waiting = False
+                self._waiting = 0
             self._pause()
             self._phrase()
         frame, before, after = self._queue.pop(0)
+        if self._muted:
+            return [*before, *after]
         self.stats.frames += 1
         return [*before, self.cache.text(frame), *after]
 

@@ -1,29 +1,34 @@
 #!/usr/bin/env python
-"""Maximum concurrent real-time sessions one server process holds with zero late positions.
+"""Maximum concurrent real-time sessions one server process holds with zero late positions, per dialect.
 
-The server is the shipped one (``python -m vllm_omni_voicechat.cli serve``, CPU simulator, v3 dialect on
-``/v1/voicechat``) in its own process; the clients are asyncio WebSocket clients in this process. Each trial
-connects N sessions, configures them, and streams the shared scripted talker (``_common.ScriptedClient``: pauses,
-simulator-speech turns with ``turn_start``/``commit``, silence while the reply plays) in real time: one 80 ms
-append per session on an absolute schedule, starts staggered across one frame.
+The server is the shipped one (``python -m vllm_omni_voicechat.cli serve``, CPU simulator) in a fresh child
+process per trial; v3 sessions on ``/v1/voicechat``, tiered ones on ``/v1/duplex`` (full lane, acknowledging
+like ``DuplexClient``). The load generator runs in its own processes (``--generators``, default 2), each with its
+share of the sessions and its own CPU accounting. Every session runs the shared scripted talker
+(``_common.ScriptedClient`` with ``mix``: pauses, spoken turns, typed turns, spoken function calls answered by
+the client) in real time: one 80 ms append per session on an absolute schedule, starts spread across one frame.
 
-Lateness comes from the server's per-position telemetry (``voicechat.metrics``, one per model position): a
-position is **late** when the server reports it ``over_budget`` (step > 80 ms), when its ``turn_state.late_ms``
-(a paced position started after its due time) is 80 ms or more, or when its metrics event reaches the client
-more than 80 ms after the client sent the frame that position consumed (the server fell a frame behind real
-time). A trial passes with zero late positions, no errors, and every sent frame accounted for. If the client
-process itself slips more than 40 ms behind its send schedule the trial is flagged ``client_limited`` (the load
-generator, not the server, was the bottleneck) and counts as a failure.
+A trial: connect and configure every session (staggered), stream for ``--warmup`` seconds (not judged), then
+judge a steady-state window of ``--window`` seconds (turn starts, pre-roll bursts, typed and tool turns all fall
+inside it). In the window, from the server (``/v1/usage`` deltas): positions, **late** positions (started 40 ms
+or more after their input frame arrived: step queueing), **over-budget** ones (a step > 80 ms); for v3 also from
+the client: each position's ``voicechat.metrics`` arriving > 80 ms after the client sent its frame (**delivery**:
+the loop or the transport fell behind). A loop-lag probe times ``/health`` round trips. A trial passes with zero
+late, over-budget and delivery-late positions, no errors, every v3 frame answered, and no generator behind its
+schedule by > 40 ms or above 90 % of a core in the window (else ``client_limited``: the load generator, not the
+server, failed). Server CPU per session-frame and per position come from the server process's own CPU time in
+the window; threads and RSS from /proc.
 
-The search doubles N from ``--start`` while trials pass, then bisects between the last pass and the first
-failure, within ``--max-trials`` trials. On a shared 2-core machine the client and the server compete for the
-cores: the figure is a floor for a machine where the clients run elsewhere.
+Without ``--sessions`` the search doubles from ``--start`` while trials pass, then bisects between the last
+pass and the first failure (stopping within 1/8), within ``--max-trials`` per dialect. On a shared 2-core
+machine the clients and the server compete for the cores: the figure is a floor.
 
 Usage::
 
-    python benchmarks/capacity.py                 # ~2-3 minutes
-    python benchmarks/capacity.py --quick         # two short trials
-    python benchmarks/capacity.py --start 16 --seconds 10 --max-trials 8
+    python benchmarks/capacity.py                              # both dialects, searched (~20 min)
+    python benchmarks/capacity.py --dialects v3 --sessions 300 # one trial at 300 v3 sessions
+    python benchmarks/capacity.py --server-root /tmp/old       # the server of another checkout (before/after)
+    python benchmarks/capacity.py --quick                      # a few sessions, a few seconds
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ import asyncio
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -44,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     RESULTS,
+    WEATHER,
     AppendCache,
     ScriptedClient,
     machine_info,
@@ -53,13 +61,16 @@ from _common import (
     summarize_us,
     write_report,
 )
-from websockets.asyncio.client import connect
 
 DEFAULT_OUT = RESULTS / "capacity.json"
 FRAME_S = 0.08
-LATE_MS = 80.0
+DELIVERY_LATE_MS = 80.0
 CLIENT_SLIP_S = 0.040
+CLIENT_CPU_LIMIT = 0.9
+CONNECT_GAP_S = 0.01
+ROUTES = {"v3": "/v1/voicechat", "tiered": "/v1/duplex"}
 REPO = Path(__file__).resolve().parents[1]
+_SEQ = re.compile(r'"server_event_seq":\s*(\d+)')
 
 
 def free_port() -> int:
@@ -68,41 +79,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def proc_stat(pid: int) -> dict:
+    """CPU seconds (user + system, all threads), threads and RSS of a process, from /proc."""
+    out: dict = {"cpu_s": None, "threads": None, "rss_bytes": rss_bytes(pid)}
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out["cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out["threads"] = int(fields[17])
     except (OSError, IndexError, ValueError):
-        return None
+        pass
+    return out
+
+
+# ====================================================================== the server (child process)
 
 
 class Server:
-    """The shipped server in a child process (its own interpreter and GIL)."""
+    """The shipped server in a child process (its own interpreter and GIL), from ``root``'s code."""
 
-    def __init__(self, max_sessions: int) -> None:
+    def __init__(self, max_sessions: int, root: Path = REPO) -> None:
         self.port = free_port()
         cmd = [sys.executable, "-m", "vllm_omni_voicechat.cli", "serve", "--port", str(self.port),
                "--max-sessions", str(max_sessions), "--log-level", "warning"]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while True:  # startup poll of a child process: there is no event to wait on
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.proc.stderr.read().decode()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
+                self.get("/health")
+                break
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError("server did not start")
             time.sleep(0.1)
-        self.url = f"ws://127.0.0.1:{self.port}/v1/voicechat"
+        self.base = f"ws://127.0.0.1:{self.port}"
 
-    def health(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
             return json.loads(r.read())
 
     def close(self) -> None:
@@ -114,194 +131,333 @@ class Server:
             self.proc.wait()
 
 
+# ====================================================================== the load generator (its own process)
+
+
 class Tally:
     def __init__(self) -> None:
+        self.connected = 0
+        self.frames_sent = 0  # in the window
+        self.frames_answered = 0  # v3: window frames whose position's metrics came back
+        self.gated = 0  # v3: window frames before the session's first turn (no position)
+        self.deferred = 0  # v3: window frames a function cycle held (replayed after it, by design)
         self.positions = 0
-        self.late = 0
-        self.late_reasons = {"over_budget": 0, "late_ms": 0, "lag": 0}
+        self.delivery_late = 0
         self.lag_ms: list[float] = []
-        self.step_ms: list[float] = []
+        self.late_ms: list[float] = []
+        self.late_examples: list[dict] = []
         self.errors: list[str] = []
-        self.frames_sent = 0
-        self.frames_seen = 0
-        self.max_slip_s = 0.0
         self.responses = 0
+        self.turns: dict[str, int] = {}
+        self.function_outputs = 0
+        self.max_slip_s = 0.0
+        self.cpu_window_s = 0.0
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in vars(self).items()}
 
 
-async def session(url: str, index: int, t0: float, frames: int, measure_from: int, tally: Tally, seed: int,
-                  cache: AppendCache) -> None:
-    client = ScriptedClient("v3", random.Random(seed), cache)
+async def _session(url: str, dialect: str, index: int, spec: dict, tally: Tally, cache: AppendCache) -> None:
+    from websockets.asyncio.client import connect
+
+    client = ScriptedClient(dialect, random.Random(spec["seed"] + index), cache, mix=True)
+    w0, w1, end = spec["window_start"], spec["window_end"], spec["end"]
     sent_at: dict[int, float] = {}
-    async with connect(url, max_size=None, ping_interval=None, open_timeout=30, close_timeout=5) as ws:
-        first = json.loads(await ws.recv())
-        if first.get("type") != "session.created":
-            tally.errors.append(f"session {index}: {first.get('type')} {first.get('error')}")
-            return
-        await ws.send(session_update("v3"))
-        while True:
+    deferred: set[int] = set()  # frames sent while a function cycle may hold the microphone
+    cycle = {"deferring": False, "seen": False}
+    await asyncio.sleep(max(0.0, spec["connect_at"] + index * CONNECT_GAP_S - time.monotonic()))
+    async with connect(url, max_size=None, ping_interval=None, open_timeout=60, close_timeout=5,
+                       compression=None) as ws:
+        if dialect == "v3":
+            first = json.loads(await ws.recv())
+            if first.get("type") != "session.created":
+                tally.errors.append(f"session {index}: {first.get('type')} {first.get('error')}")
+                return
+        await ws.send(session_update(dialect, "Use tools.", WEATHER))
+        while True:  # tiered: session.created first, then session.updated
             event = json.loads(await ws.recv())
             if event["type"] == "session.updated":
                 break
             if event["type"] == "error":
                 tally.errors.append(f"session {index}: {event['error']}")
                 return
-        done = asyncio.Event()
+        tally.connected += 1
+        received = 0
 
         async def reader() -> None:
-            try:
-                async for text in ws:
-                    client.observe(text)
-                    if text.startswith('{"type":"voicechat.metrics"'):
-                        now = time.monotonic()
-                        m = json.loads(text)
-                        tf = m.get("transport_frame")
-                        if tf is None or tf < measure_from:
-                            continue  # synthetic positions and the warm-up second are not judged
-                        sent = sent_at.pop(tf, None)
-                        if sent is None:
-                            continue
-                        tally.frames_seen += 1
-                        if m.get("frame") is None:
-                            continue  # a gated frame (before the first turn): no model position
-                        tally.positions += 1
-                        lag = (now - sent) * 1000.0
-                        tally.lag_ms.append(lag)
-                        tally.step_ms.append(m["server_step_ms"])
-                        late_ms = (m.get("turn_state") or {}).get("late_ms") or 0.0
-                        late = False
-                        if m.get("over_budget"):
-                            tally.late_reasons["over_budget"] += 1
-                            late = True
-                        if late_ms >= LATE_MS:
-                            tally.late_reasons["late_ms"] += 1
-                            late = True
-                        if lag > LATE_MS:
-                            tally.late_reasons["lag"] += 1
-                            late = True
-                        tally.late += late
-                    elif text.startswith('{"type":"error"'):
+            nonlocal received
+            async for text in ws:
+                received += 1
+                if text.startswith('{"type":"voicechat.metrics"'):
+                    now = time.monotonic()
+                    m = json.loads(text)
+                    if cycle["deferring"] and m.get("frame") is not None:
+                        if (m.get("turn_state") or {}).get("function_cycle"):
+                            cycle["seen"] = True
+                        elif cycle["seen"] and m.get("transport_frame") is not None:
+                            cycle["deferring"] = cycle["seen"] = False  # the held microphone is replayed
+                    tf = m.get("transport_frame")
+                    if tf in deferred:
+                        deferred.discard(tf)
+                        sent_at.pop(tf, None)
+                        tally.frames_answered += 1
+                        tally.deferred += 1  # held by the function cycle by design: judged by the server only
+                        continue
+                    sent = sent_at.pop(tf, None)
+                    if sent is None:
+                        continue  # a synthetic position, or a frame sent before the window
+                    tally.frames_answered += 1
+                    if m.get("frame") is None:
+                        tally.gated += 1  # before the session's first turn: no model position
+                        continue
+                    tally.positions += 1
+                    lag = (now - sent) * 1000.0
+                    tally.lag_ms.append(lag)
+                    tally.late_ms.append((m.get("turn_state") or {}).get("late_ms") or 0.0)
+                    if lag > DELIVERY_LATE_MS:
+                        tally.delivery_late += 1
+                        if len(tally.late_examples) < 10:
+                            ts = m.get("turn_state") or {}
+                            tally.late_examples.append({"session": index, "transport_frame": m.get("transport_frame"),
+                                                        "lag_ms": round(lag, 1), "late_ms": ts.get("late_ms"),
+                                                        "function_cycle": ts.get("function_cycle"),
+                                                        "turn_id": m.get("turn_id")})
+                    continue
+                if text.startswith('{"type":"error"') or '"type":"error"' in text[:40]:
+                    if time.monotonic() >= w0:
                         tally.errors.append(f"session {index}: {text[:200]}")
-                    elif text.startswith('{"type":"response.done"'):
-                        tally.responses += 1
-            finally:
-                done.set()
+                for reply in client.observe(text):
+                    await ws.send(reply)
+                if cycle["deferring"] and not client.waiting:
+                    cycle["deferring"] = cycle["seen"] = False  # the tool turn is over
+                if dialect == "tiered" and received % 64 == 0:
+                    seq = _SEQ.search(text)
+                    if seq:  # what DuplexClient does per event, here in batches: the journal stays small
+                        await ws.send(f'{{"type":"session.event_ack","server_event_seq":{seq.group(1)}}}')
 
         reading = asyncio.create_task(reader())
         frame = 0
-        start = t0 + (index % 97) / 97 * FRAME_S  # spread the sessions across one frame
-        while frame < frames:
-            delay = start + frame * FRAME_S - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)  # real-time pacing of the microphone on an absolute schedule
-            else:
-                tally.max_slip_s = max(tally.max_slip_s, -delay)
-            texts = client.tick()
-            now = time.monotonic()
-            for text in texts:
-                if '"input_audio_buffer.append"' in text:
-                    if frame >= measure_from:
-                        sent_at[frame] = now
-                        tally.frames_sent += 1
-                    frame += 1
-                await ws.send(text)
-        # let the last frame's position come back, then leave
-        await asyncio.sleep(0.5)
-        await ws.close()
-        reading.cancel()
-        await asyncio.gather(reading, return_exceptions=True)
+        start = spec["t0"] + (index % 97) / 97 * FRAME_S  # spread the sessions across one frame
+        responses0 = turns0 = None
+        try:
+            while True:
+                due = start + frame * FRAME_S
+                if due >= end:
+                    break
+                delay = due - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # real-time pacing of the microphone on an absolute schedule
+                elif w0 <= due < w1:
+                    tally.max_slip_s = max(tally.max_slip_s, -delay)
+                if responses0 is None and due >= w0:
+                    responses0, turns0 = client.stats.responses_done, dict(client.stats.kinds)
+                if reading.done():
+                    break
+                texts = client.tick()
+                now = time.monotonic()
+                for text in texts:
+                    if '"input_audio_buffer.append"' in text:
+                        if w0 <= due < w1:
+                            if dialect == "v3":
+                                sent_at[frame] = now
+                                if cycle["deferring"]:
+                                    deferred.add(frame)
+                            tally.frames_sent += 1
+                        frame += 1
+                    elif client.kind == "tool" and '"input_audio_buffer.commit"' in text:
+                        cycle["deferring"] = True  # from the call's commit until the held input is replayed
+                    await ws.send(text)
+        finally:
+            if responses0 is not None:
+                tally.responses += client.stats.responses_done - responses0
+                for kind, n in client.stats.kinds.items():
+                    tally.turns[kind] = tally.turns.get(kind, 0) + n - (turns0 or {}).get(kind, 0)
+            tally.function_outputs += client.stats.function_outputs
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
 
 
-async def trial_async(url: str, n: int, seconds: float, seed: int) -> Tally:
+def generator_main(spec: dict) -> dict:
+    """One load-generator process: its sessions, its own CPU time in the window."""
+    try:
+        import uvloop  # the clients' cost is not what is measured: the fastest loop there is
+        uvloop.install()
+    except ImportError:
+        pass
     tally = Tally()
-    cache = AppendCache("v3")
-    frames = int(seconds / FRAME_S) + 13
-    t0 = time.monotonic() + 1.0 + n * 0.01  # everyone connected and configured before the first frame
-    rng = random.Random(seed)
-    results = await asyncio.gather(
-        *[session(url, i, t0, frames, 13, tally, rng.randrange(1 << 30), cache) for i in range(n)],
-        return_exceptions=True)
-    for r in results:
-        if isinstance(r, BaseException):
-            tally.errors.append(f"{type(r).__name__}: {r}")
-    return tally
+    cache = AppendCache(spec["dialect"])
+    url = spec["url"]
+
+    async def main() -> None:
+        async def cpu_at(when: float) -> float:
+            await asyncio.sleep(max(0.0, when - time.monotonic()))
+            return time.process_time()
+
+        c0 = asyncio.create_task(cpu_at(spec["window_start"]))
+        c1 = asyncio.create_task(cpu_at(spec["window_end"]))
+        results = await asyncio.gather(*[_session(url, spec["dialect"], i, spec, tally, cache)
+                                         for i in spec["indices"]], return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                tally.errors.append(f"{type(r).__name__}: {r}"[:200])
+        tally.cpu_window_s = (await c1) - (await c0)
+
+    asyncio.run(main())
+    return tally.to_json()
 
 
-def run_trial(server: Server, n: int, seconds: float, seed: int) -> dict:
-    rss0 = rss_bytes(server.proc.pid)
-    cpu0, wall0 = _cpu_seconds(server.proc.pid), time.monotonic()
-    sampled: list[int] = []
+# ====================================================================== one trial
 
-    async def main() -> Tally:
-        async def sample() -> None:
-            await asyncio.sleep(1.5 + seconds / 2)
-            r = rss_bytes(server.proc.pid)
-            if r:
-                sampled.append(r)
 
-        sampler = asyncio.create_task(sample())
-        tally = await trial_async(server.url, n, seconds, seed)
-        sampler.cancel()
-        return tally
+def _late_buckets(late_ms: list[float]) -> dict:
+    edges = ((0, 10), (10, 40), (40, 80), (80, float("inf")))
+    return {f"{lo}-{hi if hi != float('inf') else 'inf'}_ms": sum(lo <= x < hi for x in late_ms) for lo, hi in edges}
 
-    client_cpu0 = time.process_time()
-    tally = asyncio.run(main())
-    cpu1, wall1 = _cpu_seconds(server.proc.pid), time.monotonic()
-    client_cpu = time.process_time() - client_cpu0
-    slip = tally.max_slip_s > CLIENT_SLIP_S
-    accounted = tally.frames_seen >= tally.frames_sent - n  # the last frame of a session may still be in flight
-    passed = tally.late == 0 and not tally.errors and not slip and accounted and tally.positions > 0
+
+def _usage_counts(usage: dict, dialect: str) -> dict:
+    d = usage.get("by_dialect", {}).get(dialect, {})
+    return {"positions": d.get("positions", 0), "late": d.get("late_positions", 0),
+            "over_budget": d.get("over_budget_positions", 0), "errors": sum(d.get("errors", {}).values())}
+
+
+def run_trial(dialect: str, n: int, args: argparse.Namespace) -> dict:
+    server = Server(max_sessions=max(n, 1), root=args.server_root)
+    try:
+        return _trial(server, dialect, n, args)
+    finally:
+        server.close()
+
+
+def _trial(server: Server, dialect: str, n: int, args: argparse.Namespace) -> dict:
+    idle = proc_stat(server.proc.pid)
+    connect_at = time.monotonic() + 0.5
+    t0 = connect_at + n * CONNECT_GAP_S + 2.0  # everyone connected and configured before the first frame
+    window_start = t0 + args.warmup
+    window_end = window_start + args.window
+    gens = max(1, min(args.generators, n))
+    url = server.base + ROUTES[dialect]
+    procs = []
+    for g in range(gens):
+        spec = {"url": url, "dialect": dialect, "indices": list(range(g, n, gens)), "seed": args.seed * 100_003,
+                "connect_at": connect_at + g * CONNECT_GAP_S, "t0": t0, "window_start": window_start,
+                "window_end": window_end, "end": window_end + 1.0}
+        procs.append(subprocess.Popen([sys.executable, __file__, "--generator", json.dumps(spec)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    samples: dict = {}
+    probe_ms: list[float] = []
+
+    def observe() -> None:  # the window's edges, and the loop-lag probe between them
+        time.sleep(max(0.0, window_start - time.monotonic()))
+        samples["start"] = (time.monotonic(), proc_stat(server.proc.pid), server.get("/v1/usage"))
+        while time.monotonic() < window_end:
+            t = time.perf_counter()
+            server.get("/health")
+            probe_ms.append((time.perf_counter() - t) * 1000.0)
+            time.sleep(max(0.0, min(0.25, window_end - time.monotonic())))
+        samples["end"] = (time.monotonic(), proc_stat(server.proc.pid), server.get("/v1/usage"))
+
+    observer = threading.Thread(target=observe, daemon=True)
+    observer.start()
+    tallies = []
+    for p in procs:
+        out, err = p.communicate(timeout=window_end - time.monotonic() + 120)
+        if p.returncode != 0 or not out.strip():
+            tallies.append({"errors": [f"generator failed ({p.returncode}): {err[-500:]}"]})
+        else:
+            tallies.append(json.loads(out.strip().splitlines()[-1]))
+    observer.join(timeout=30)
+    health = server.get("/health")
+    if "start" not in samples or "end" not in samples:
+        return {"dialect": dialect, "sessions": n, "passed": False, "errors": ["the window was not sampled"],
+                "generator_tallies": tallies}
+    (ta, sa, ua), (tb, sb, ub) = samples["start"], samples["end"]
+    elapsed = tb - ta
+    before, after = _usage_counts(ua, dialect), _usage_counts(ub, dialect)
+    server_counts = {k: after[k] - before[k] for k in after}
+    cpu = (sb["cpu_s"] - sa["cpu_s"]) if sa["cpu_s"] is not None and sb["cpu_s"] is not None else None
+
+    def total(key: str) -> int:
+        return sum(t.get(key, 0) for t in tallies)
+
+    errors = [e for t in tallies for e in t.get("errors", [])]
+    lag = [x for t in tallies for x in t.get("lag_ms", [])]
+    late_ms = [x for t in tallies for x in t.get("late_ms", [])]
+    turns: dict[str, int] = {}
+    for t in tallies:
+        for k, v in t.get("turns", {}).items():
+            turns[k] = turns.get(k, 0) + v
+    slip = max((t.get("max_slip_s", 0.0) for t in tallies), default=0.0)
+    gen_cpu = [t.get("cpu_window_s", 0.0) / args.window for t in tallies]
+    client_limited = slip > CLIENT_SLIP_S or any(c > CLIENT_CPU_LIMIT for c in gen_cpu)
+    frames = total("frames_sent")
+    unanswered = frames - total("frames_answered") if dialect == "v3" else 0
+    session_frames = n * args.window / FRAME_S
+    late = server_counts["late"] + server_counts["over_budget"] + total("delivery_late")
+    passed = (late == 0 and not errors and server_counts["errors"] == 0 and not client_limited
+              and total("connected") == n and unanswered <= n and server_counts["positions"] > 0)
     return {
+        "dialect": dialect,
         "sessions": n,
         "passed": passed,
-        "positions": tally.positions,
-        "late_positions": tally.late,
-        "late_reasons": tally.late_reasons,
-        "errors": tally.errors[:5],
-        "error_count": len(tally.errors),
-        "frames_sent": tally.frames_sent,
-        "frames_accounted": tally.frames_seen,
-        "responses": tally.responses,
-        "input_to_metrics_lag": summarize_us([x * 1000 for x in tally.lag_ms]),
-        "server_step": summarize_us([x * 1000 for x in tally.step_ms]),
-        "client_max_slip_ms": round(tally.max_slip_s * 1000, 1),
-        "client_limited": slip,
-        "client_cpu_cores": round(client_cpu / (wall1 - wall0), 3),
-        "load_average_after": round(os.getloadavg()[0], 2),
-        "server_cpu_cores": (round((cpu1 - cpu0) / (wall1 - wall0), 3) if cpu0 is not None and cpu1 is not None
-                             else None),
-        "server_rss_idle_bytes": rss0,
-        "server_rss_loaded_bytes": sampled[0] if sampled else None,
-        "server_rss_per_session_bytes": (round((sampled[0] - rss0) / n) if sampled and rss0 else None),
+        "connected": total("connected"),
+        "window_s": round(elapsed, 2),
+        "server_positions": server_counts["positions"],
+        "late_positions": late,
+        "late_by_cause": {"late_start": server_counts["late"], "over_budget": server_counts["over_budget"],
+                          "delivery": total("delivery_late")},
+        "server_errors": server_counts["errors"],
+        "errors": errors[:5],
+        "error_count": len(errors),
+        "frames_sent": frames,
+        "frames_unanswered": unanswered if dialect == "v3" else None,
+        "frames_gated": total("gated") if dialect == "v3" else None,
+        "frames_deferred_by_function_cycle": total("deferred") if dialect == "v3" else None,
+        "turns": turns,
+        "responses": total("responses"),
+        "function_outputs": total("function_outputs"),
+        "input_to_metrics_lag": summarize_us([x * 1000 for x in lag]) if dialect == "v3" else None,
+        "server_late_start_ms": _late_buckets(late_ms) if dialect == "v3" else None,
+        "delivery_late_examples": [x for t in tallies for x in t.get("late_examples", [])][:10],
+        "loop_probe_rtt": summarize_us([x * 1000 for x in probe_ms]),
+        "server_cpu_cores": round(cpu / elapsed, 3) if cpu is not None else None,
+        "server_cpu_ms_per_session_frame": round(cpu * 1000 / session_frames, 4) if cpu is not None else None,
+        "server_cpu_us_per_position": (round(cpu * 1e6 / server_counts["positions"], 1)
+                                       if cpu is not None and server_counts["positions"] else None),
+        "server_threads": {"idle": idle["threads"], "window": sb["threads"]},
+        "server_rss_idle_bytes": idle["rss_bytes"],
+        "server_rss_window_bytes": sb["rss_bytes"],
+        "server_rss_per_session_bytes": (round((sb["rss_bytes"] - idle["rss_bytes"]) / n)
+                                         if sb["rss_bytes"] and idle["rss_bytes"] else None),
+        "client_generators": len(tallies),
+        "client_cpu_cores": [round(c, 3) for c in gen_cpu],
+        "client_max_slip_ms": round(slip * 1000, 1),
+        "client_limited": client_limited,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "server_health_after": {k: health.get(k) for k in ("status", "active_sessions")},
     }
 
 
-def search(start: int, seconds: float, max_trials: int, seed: int, ceiling: int) -> tuple[list, int]:
+def search(dialect: str, args: argparse.Namespace) -> tuple[list, int]:
     trials: list[dict] = []
+    if args.sessions:
+        for n in args.sessions:
+            trials.append(_report_trial(run_trial(dialect, n, args)))
+        return trials, max((t["sessions"] for t in trials if t["passed"]), default=0)
     good, bad = 0, None
-    n = start
-    while len(trials) < max_trials:
-        server = Server(max_sessions=ceiling)  # a fresh process per trial: no memory or threads carried over
-        try:
-            t = run_trial(server, n, seconds, seed)
-            t["server_health_after"] = {k: server.health().get(k) for k in ("status", "active_sessions")}
-        finally:
-            server.close()
+    n = args.start
+    while len(trials) < args.max_trials:
+        t = _report_trial(run_trial(dialect, n, args))
         trials.append(t)
-        lat = t["input_to_metrics_lag"]
-        print(f"  {n:4d} sessions: {'pass' if t['passed'] else 'FAIL'} ({t['positions']} positions, "
-              f"{t['late_positions']} late, lag p99 {(lat['p99_us'] or 0) / 1000:.1f} ms, "
-              f"server {t['server_cpu_cores']} cores, client slip {t['client_max_slip_ms']} ms"
-              f"{', errors ' + str(t['error_count']) if t['error_count'] else ''})", flush=True)
         if t["passed"]:
             good = max(good, n)
         else:
             bad = n if bad is None else min(bad, n)
         if bad is None:
-            if n >= ceiling:
+            if n >= args.ceiling:
                 break
-            n = min(n * 2, ceiling)
+            n = min(n * 2, args.ceiling)
         else:
-            if bad - good <= max(1, good // 8):  # within ~12 %: close enough for the budget
+            if bad - good <= max(1, good // 8):  # within 1/8: close enough for the budget
                 break
             n = (good + bad) // 2 if good else max(1, bad // 2)
             if n in (t["sessions"] for t in trials):
@@ -309,27 +465,47 @@ def search(start: int, seconds: float, max_trials: int, seed: int, ceiling: int)
     return trials, good
 
 
+def _report_trial(t: dict) -> dict:
+    if "late_by_cause" not in t:
+        print(f"  {t['dialect']} {t['sessions']:4d} sessions: FAIL ({t['errors']})", flush=True)
+        return t
+    lag = t["input_to_metrics_lag"]
+    print(f"  {t['dialect']} {t['sessions']:4d} sessions: {'pass' if t['passed'] else 'FAIL'} "
+          f"({t['server_positions']} positions, {t['late_positions']} late {t['late_by_cause']}, "
+          f"{'lag p99 %.1f ms, ' % ((lag['p99_us'] or 0) / 1000) if lag else ''}"
+          f"server {t['server_cpu_cores']} cores = {t['server_cpu_ms_per_session_frame']} ms/session-frame, "
+          f"{t['server_cpu_us_per_position']} us/position, probe p99 "
+          f"{(t['loop_probe_rtt']['p99_us'] or 0) / 1000:.1f} ms, clients {t['client_cpu_cores']} cores, "
+          f"slip {t['client_max_slip_ms']} ms{', CLIENT-LIMITED' if t['client_limited'] else ''}"
+          f"{', errors ' + str(t['error_count']) if t['error_count'] else ''})", flush=True)
+    return t
+
+
 def plot(report: dict, path: Path) -> None:
     plt = pyplot()
     if plt is None:
         return
-    trials = sorted(report["trials"], key=lambda t: t["sessions"])
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = [t["sessions"] for t in trials]
-    ax.plot(xs, [(t["input_to_metrics_lag"]["p50_us"] or 0) / 1000 for t in trials], "o-", label="lag p50")
-    ax.plot(xs, [(t["input_to_metrics_lag"]["p99_us"] or 0) / 1000 for t in trials], "s--", label="lag p99")
-    ax.plot(xs, [(t["input_to_metrics_lag"]["max_us"] or 0) / 1000 for t in trials], "^:", label="lag max")
-    for t in trials:
-        ax.annotate("pass" if t["passed"] else "fail", (t["sessions"], (t["input_to_metrics_lag"]["p99_us"] or 0) / 1000),
-                    textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
-    ax.axhline(LATE_MS, color="red", lw=0.8, label="80 ms budget")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for dialect, d in report["dialects"].items():
+        trials = sorted((t for t in d["trials"] if "late_by_cause" in t), key=lambda t: t["sessions"])
+        xs = [t["sessions"] for t in trials]
+        ax.plot(xs, [t["server_cpu_ms_per_session_frame"] for t in trials], "o-", label=dialect)
+        for t in trials:
+            ax.annotate("pass" if t["passed"] else "fail", (t["sessions"], t["server_cpu_ms_per_session_frame"]),
+                        textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+        bx.plot(xs, [max(t["late_positions"], 0.5) for t in trials], "s-", label=dialect)
     ax.set_xlabel("concurrent real-time sessions (one server process)")
-    ax.set_ylabel("frame sent -> its position's metrics (ms)")
-    ax.set_title(f"capacity: {report['max_realtime_sessions']} sessions with zero late positions")
+    ax.set_ylabel("server CPU per session per 80 ms frame (ms)")
+    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    bx.set_yscale("log")
+    bx.set_xlabel("concurrent real-time sessions")
+    bx.set_ylabel("late positions in the window (0 drawn at 0.5)")
+    bx.grid(True, alpha=0.3)
+    bx.legend(fontsize=8)
+    caps = ", ".join(f"{k} {v['max_realtime_sessions']}" for k, v in report["dialects"].items())
+    fig.suptitle(f"capacity with zero late positions: {caps}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -337,48 +513,69 @@ def plot(report: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--start", type=int, default=None, help="first trial's session count (default 8; --quick 2)")
-    ap.add_argument("--seconds", type=float, default=None, help="streamed seconds per trial (default 8; --quick 2)")
-    ap.add_argument("--max-trials", type=int, default=None, help="trial budget (default 8; --quick 2)")
+    ap.add_argument("--dialects", nargs="+", choices=("v3", "tiered"), default=["v3", "tiered"])
+    ap.add_argument("--sessions", type=int, nargs="+", help="run these session counts instead of searching")
+    ap.add_argument("--start", type=int, default=None, help="the search's first count (default 64; --quick 2)")
+    ap.add_argument("--max-trials", type=int, default=6, help="trial budget per dialect when searching")
     ap.add_argument("--ceiling", type=int, default=512, help="largest session count tried")
+    ap.add_argument("--warmup", type=float, default=None, help="seconds streamed before the window (default 10)")
+    ap.add_argument("--window", type=float, default=None, help="judged seconds (default 60; --quick 3)")
+    ap.add_argument("--generators", type=int, default=2, help="load-generator processes")
+    ap.add_argument("--server-root", type=Path, default=REPO, help="the checkout whose server runs (before/after)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--generator", metavar="SPEC", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    start = args.start or (2 if args.quick else 8)
-    seconds = args.seconds or (2.0 if args.quick else 8.0)
-    max_trials = args.max_trials or (2 if args.quick else 8)
+    if args.generator:
+        print(json.dumps(generator_main(json.loads(args.generator))), flush=True)
+        return 0
+    args.start = args.start or (2 if args.quick else 64)
+    args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 10.0)
+    args.window = args.window if args.window is not None else (3.0 if args.quick else 60.0)
+    if args.quick and not args.sessions:
+        args.sessions = [args.start]
     started = time.perf_counter()
-    trials, best = search(start, seconds, max_trials, args.seed, args.ceiling)
-    passing = [t for t in trials if t["passed"] and t["sessions"] == best]
-    report = {
+    report: dict = {
         "benchmark": "capacity",
-        "parameters": {"start": start, "seconds_per_trial": seconds, "max_trials": max_trials, "ceiling": args.ceiling,
-                       "seed": args.seed, "quick": args.quick, "dialect": "v3", "late_threshold_ms": LATE_MS,
-                       "client_slip_limit_ms": CLIENT_SLIP_S * 1000,
+        "parameters": {"dialects": args.dialects, "sessions": args.sessions, "start": args.start,
+                       "max_trials": args.max_trials, "ceiling": args.ceiling, "warmup_s": args.warmup,
+                       "window_s": args.window, "generators": args.generators, "seed": args.seed,
+                       "quick": args.quick, "server_root": str(args.server_root),
+                       "server_commit": _commit(args.server_root), "late_start_ms": 40.0,
+                       "delivery_late_ms": DELIVERY_LATE_MS, "client_slip_limit_ms": CLIENT_SLIP_S * 1000,
+                       "client_cpu_limit_cores": CLIENT_CPU_LIMIT,
                        "server": "python -m vllm_omni_voicechat.cli serve (simulator), separate process"},
-        "max_realtime_sessions": best,
-        "at_max": passing[0] if passing else None,
-        # what the server's own CPU use would allow on one otherwise idle core (not a measured capacity)
-        "server_cpu_sessions_per_core_estimate": (round(best / passing[0]["server_cpu_cores"], 1)
-                                                   if passing and passing[0]["server_cpu_cores"] else None),
-        "trials": trials,
-        "elapsed_s": round(time.perf_counter() - started, 2),
+        "dialects": {},
         "machine": machine_info(),
     }
+    for dialect in args.dialects:
+        trials, best = search(dialect, args)
+        at = next((t for t in trials if t["passed"] and t["sessions"] == best), None)
+        report["dialects"][dialect] = {"max_realtime_sessions": best, "at_max": at, "trials": trials,
+                                       "first_failing": min((t["sessions"] for t in trials if not t["passed"]),
+                                                            default=None)}
+    report["elapsed_s"] = round(time.perf_counter() - started, 2)
     write_report(report, args.out)
     plot(report, args.out.with_suffix(".png"))
-    at = report["at_max"]
-    extra = ""
-    if at:
-        extra = (f" (lag p99 {at['input_to_metrics_lag']['p99_us'] / 1000:.1f} ms, server {at['server_cpu_cores']} "
-                 f"cores = ~{report['server_cpu_sessions_per_core_estimate']} sessions per idle core by CPU, "
+    parts = []
+    for dialect, d in report["dialects"].items():
+        at = d["at_max"]
+        extra = (f" ({at['server_cpu_ms_per_session_frame']} ms server CPU per session-frame, "
+                 f"{at['server_cpu_us_per_position']} us per position, "
                  f"RSS {(at['server_rss_per_session_bytes'] or 0) / 1024:.0f} KiB/session, "
-                 f"load average {at['load_average_after']})")
-    first_fail = min((t["sessions"] for t in trials if not t["passed"]), default=None)
-    print(f"capacity: {best} concurrent real-time v3 sessions in one server process with zero late positions"
-          f"{extra}; first failing count {first_fail}; {len(trials)} trials")
+                 f"load {at['load_average'][0]})" if at else "")
+        parts.append(f"{dialect} {d['max_realtime_sessions']}{extra}; first failing {d['first_failing']}")
+    print("capacity: " + "; ".join(parts))
     return 0
+
+
+def _commit(root: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 if __name__ == "__main__":

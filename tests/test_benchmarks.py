@@ -61,20 +61,33 @@ def test_memory_smoke(tmp_path):
 
 
 def test_capacity_smoke(tmp_path):
+    """Both dialects, one short trial each, the load generator in its own process: every figure the search and the
+    closing note rely on is there and measured."""
     out = tmp_path / "cap.json"
-    proc = subprocess.run([sys.executable, str(BENCH / "capacity.py"), "--quick", "--start", "1", "--max-trials", "1",
-                           "--seconds", "1.5", "--out", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(BENCH / "capacity.py"), "--quick", "--start", "2", "--warmup", "1",
+                           "--window", "6", "--out", str(out)], check=False, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
-    assert {"max_realtime_sessions", "at_max", "trials", "parameters"} <= set(report)
-    (trial,) = report["trials"]
-    assert {"sessions", "passed", "positions", "late_positions", "late_reasons", "input_to_metrics_lag",
-            "server_step", "client_limited", "server_cpu_cores", "server_rss_per_session_bytes"} <= set(trial)
-    assert trial["sessions"] == 1 and trial["positions"] > 0 and trial["error_count"] == 0
-    assert trial["frames_accounted"] == trial["frames_sent"]
-    _measured(trial["input_to_metrics_lag"])
+    assert {"dialects", "parameters", "machine", "elapsed_s"} <= set(report)
+    assert set(report["dialects"]) == {"v3", "tiered"}
+    for dialect, d in report["dialects"].items():
+        assert {"max_realtime_sessions", "at_max", "trials", "first_failing"} <= set(d)
+        (trial,) = d["trials"]
+        assert trial["dialect"] == dialect and trial["sessions"] == 2 and trial["connected"] == 2
+        assert trial["error_count"] == 0 and trial["server_errors"] == 0, trial["errors"]
+        assert trial["server_positions"] > 0 and trial["frames_sent"] > 0
+        assert set(trial["late_by_cause"]) == {"late_start", "over_budget", "delivery"}
+        assert trial["server_cpu_ms_per_session_frame"] > 0 and trial["server_cpu_us_per_position"] > 0
+        assert trial["server_threads"]["window"] >= trial["server_threads"]["idle"] > 0
+        assert trial["server_rss_per_session_bytes"] is not None
+        assert trial["client_generators"] == 2 and len(trial["client_cpu_cores"]) == 2
+        _measured(trial["loop_probe_rtt"])
+        if dialect == "v3":
+            assert trial["frames_unanswered"] <= 2
+            _measured(trial["input_to_metrics_lag"])
     assert out.with_suffix(".png").stat().st_size > 0
-    assert proc.stdout.strip().splitlines()[-1].startswith("capacity: ")
+    assert proc.stdout.strip().splitlines()[-1].startswith("capacity: v3 ")
 
 
 def test_run_all_skips_the_omni_ratio_with_a_message_when_no_interpreter_has_vllm_omni(monkeypatch, tmp_path):
