@@ -133,3 +133,124 @@ def test_cancelling_the_shell_task_tears_down_the_session():
 
     shell = asyncio.run(main())
     assert shell.core.closed
+
+
+class OneCallAtATimeModel(SimulatorModel):
+    """Records every port call as (name, thread, start, end) and flags two calls at once; its prefill blocks until
+    the test releases it."""
+
+    inline_steps = True
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls: list[tuple[str, int]] = []
+        self.overlaps = 0
+        self._active = 0
+        self._lock = threading.Lock()
+        self.release_prefill = threading.Event()
+        self.prefill_started = threading.Event()
+
+    def _call(self, name, fn, *args):
+        with self._lock:
+            self._active += 1
+            self.overlaps += self._active > 1
+            self.calls.append((name, threading.get_ident()))
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def prefill(self, prompt):
+        def slow(p):
+            self.prefill_started.set()
+            assert self.release_prefill.wait(10)
+            return SimulatorModel.prefill(self, p)
+
+        return self._call("prefill", slow, prompt)
+
+    def step(self, position):
+        return self._call("step", super().step, position)
+
+    def abort(self):
+        return self._call("abort", super().abort)
+
+
+def test_sessions_share_one_pool_thread_for_prefill_and_abort_and_step_on_the_loop():
+    """Two inline-step sessions given one shared one-thread pool (the server's, issue 18: no thread per session):
+    both prefill and abort on that one thread, step on the loop, and no call of a model overlaps another."""
+    import concurrent.futures
+
+    async def main():
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        models = [OneCallAtATimeModel(), OneCallAtATimeModel()]
+        recs = [Recorder(), Recorder()]
+        shells = [SessionShell(SessionCore(SessionConfig(session_id=f"S{i}", settlement_blank_frames=3)), m, r,
+                               executor=pool) for i, (m, r) in enumerate(zip(models, recs, strict=True))]
+        tasks = [asyncio.create_task(s.run()) for s in shells]
+        for model, shell, rec in zip(models, shells, recs, strict=True):
+            model.release_prefill.set()
+            shell.submit(Configure(SessionPrompt()))
+            await rec.wait_for(SessionConfigured)
+            shell.submit(StartTurn(1, "s1"))
+            shell.submit(AppendAudio(render_speech("hello")))
+            shell.submit(CommitTurn(1, "c1"))
+        for shell, rec in zip(shells, recs, strict=True):
+            await rec.wait_for(ResponseDone)
+            shell.submit(Stop())
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        pool.shutdown()
+        return models, threading.get_ident()
+
+    models, loop_thread = asyncio.run(main())
+    for model in models:
+        calls = [c[0] for c in model.calls]
+        assert calls[0] == "prefill" and calls[-1] == "abort" and "step" in calls and model.overlaps == 0
+        assert {t for n, t in model.calls if n == "step"} == {loop_thread}
+    pool_threads = {t for m in models for n, t in m.calls if n != "step"}
+    assert len(pool_threads) == 1 and loop_thread not in pool_threads
+
+
+def test_a_prefill_cut_short_by_a_disconnect_still_returns_before_the_abort_runs():
+    """The client leaves while the prefill runs in the pool: teardown cancels the prefill's waiter, and the abort
+    waits for the prefill call itself to return (a port's calls come one at a time), then the task ends."""
+    import concurrent.futures
+
+    async def main():
+        pool = concurrent.futures.ThreadPoolExecutor(2)
+        model = OneCallAtATimeModel()
+        shell = SessionShell(SessionCore(SessionConfig(session_id="S")), model, Recorder(), executor=pool)
+        task = asyncio.create_task(shell.run())
+        shell.submit(Configure(SessionPrompt()))
+        await asyncio.get_running_loop().run_in_executor(None, model.prefill_started.wait, 10)
+        shell.disconnect()
+        asyncio.get_running_loop().call_later(0.2, model.release_prefill.set)  # the prefill returns later
+        await asyncio.wait_for(task, 10)
+        pool.shutdown()
+        return model
+
+    model = asyncio.run(main())
+    assert [c[0] for c in model.calls] == ["prefill", "abort"] and model.overlaps == 0 and model.aborted
+
+
+def test_a_model_call_whose_waiter_is_cancelled_still_returns_before_the_next_call_starts():
+    """The shell's one-call-at-a-time rule holds even when the coroutine waiting on a call is cancelled (its thread
+    cannot be): the next call waits for the stray one."""
+    import concurrent.futures
+
+    async def main():
+        pool = concurrent.futures.ThreadPoolExecutor(2)
+        model = OneCallAtATimeModel()
+        shell = SessionShell(SessionCore(SessionConfig(session_id="S")), model, Recorder(), executor=pool)
+        waiter = asyncio.create_task(shell._model_call(model.prefill, SessionPrompt()))
+        await asyncio.get_running_loop().run_in_executor(None, model.prefill_started.wait, 10)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        asyncio.get_running_loop().call_later(0.2, model.release_prefill.set)
+        await asyncio.wait_for(shell._model_call(model.abort), 10)
+        pool.shutdown()
+        return model
+
+    model = asyncio.run(main())
+    assert [c[0] for c in model.calls] == ["prefill", "abort"] and model.overlaps == 0

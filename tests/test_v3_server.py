@@ -275,6 +275,22 @@ def test_concurrent_sessions_streaming_paced_audio_do_not_interfere(fresh_url, s
     assert results == {i: f"You said: {p}." for i, p in enumerate(phrases)}
 
 
+def test_live_sessions_share_a_few_model_threads_not_one_each(fresh_url):
+    """Eight configured simulator sessions (steps on the loop) prefill in the server's shared pool: at most
+    MODEL_POOL_THREADS model threads exist, not one per session (issue 18)."""
+    from vllm_omni_voicechat.server.app import MODEL_POOL_THREADS
+
+    def model_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("voicechat-model")}
+
+    before = model_threads()  # other servers' in this process
+    clients = [configured(fresh_url) for _ in range(8)]  # each one's prefill has returned (session.updated)
+    assert 1 <= len(model_threads() - before) <= MODEL_POOL_THREADS < 8
+    for c in clients:
+        c.send({"type": "session.stop", "event_id": "x"})
+        assert c.close_code() == 1000
+
+
 def test_pipecat_minimal_exchange_fields_the_client_validates(url):
     c = RawClient(url + "/v1/realtime")
     created = c.recv()

@@ -1,9 +1,10 @@
 """The ASGI app: ``/v1/voicechat`` speaks v3, ``/v1/duplex`` the tiered dialect, ``/v1/realtime`` either (chosen
 per request, docs/tiered-dialect.md §1.1), ``/health`` reports readiness.
 
-Each admitted connection gets its own session core, model instance and asyncio shell with a one-thread model
-executor for prefill, abort and the steps of a slow model, so a slow or failing session never blocks another (a
-model with microsecond steps, the simulator, steps on the loop). Both dialects run through one host path
+Each admitted connection gets its own session core, model instance and asyncio shell. A model with microsecond
+steps (the simulator) steps on the loop, its prefill and abort in a small pool all such sessions share (no thread
+per session); any other model gets a one-thread executor of its own for prefill, abort and steps, so a slow or
+failing session never blocks another. Both dialects run through one host path
 (:meth:`VoicechatServer.serve`); protocol rules and protocol JSON live in the core and the wire sessions, the
 outbound queue in ``outbox.py``, the socket a session is attached to in ``attachment.py``; this module only moves
 frames and enforces admission.
@@ -12,6 +13,7 @@ frames and enforces admission.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -52,6 +54,7 @@ from .uvicorn import VoicechatUvicornServer
 from .warmup import WarmupReport, warm_up
 
 log = logging.getLogger("vllm_omni_voicechat.server")
+MODEL_POOL_THREADS = 4
 
 __all__ = ["VoicechatServer", "VoicechatUvicornServer", "create_app"]
 
@@ -74,6 +77,9 @@ class VoicechatServer:
         self.usage = UsageBook(self.started_at)  # what every session did: /v1/usage, /v1/sessions, Prometheus
         self.heap = Heap(managed=False)  # create_app's manage_heap: ended sessions' cycles collected soon
         self.draining: dict[str, tuple[str, float]] = {}  # ended, slot freed, socket still closing: (dialect, since)
+        # Prefill and abort of the inline-step models (threads start on first use; each session's calls in order)
+        self.model_pool = concurrent.futures.ThreadPoolExecutor(MODEL_POOL_THREADS,
+                                                                thread_name_prefix="voicechat-model")
         prometheus.install(self)  # this process's /metrics (ours standalone, vLLM's inside vllm-omni serve)
 
     def _reclaim(self) -> None:
@@ -437,7 +443,9 @@ class VoicechatServer:
             first_outbox.close(att.close_code or 1011, att.close_reason)
             await first_outbox.closed()
             return
-        shell = SessionShell(protocol, cfg.model_factory(), att.sink, synthesizer=cfg.synthesizer,
+        model = cfg.model_factory()
+        shell = SessionShell(protocol, model, att.sink, synthesizer=cfg.synthesizer,
+                             executor=self.model_pool if getattr(model, "inline_steps", False) else None,
                              max_inbox_messages=cfg.max_inbox_messages, max_inbox_bytes=cfg.max_inbox_bytes,
                              refuse=protocol.refuse)
         att.shell = shell
@@ -563,6 +571,7 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
         if on_ready is not None:
             on_ready()
         yield
+        server.model_pool.shutdown(wait=False, cancel_futures=True)
 
     keys = server.config.api_keys
     app = Starlette(

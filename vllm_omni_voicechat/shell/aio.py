@@ -111,7 +111,11 @@ class SessionShell:
         # A model whose steps take microseconds (the simulator) steps on the loop: a thread hop per position cost
         # more than the step itself, and a thread per session queued for the GIL under load (issue 18).
         self._inline_steps = bool(getattr(model, "inline_steps", False))
-        self._prefilling = 0
+        # Model calls off the loop (prefill, abort, a slow model's steps) run one at a time, in order, in the given
+        # executor (a pool the server shares among inline-step sessions: no thread per session) or in a thread of
+        # this session's own.
+        self._model_lock = asyncio.Lock()
+        self._stray: asyncio.Future | None = None  # an executor call whose waiter was cancelled, still running
         self._own_executor = executor is None
         self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="voicechat-model")
         self._clock = clock
@@ -206,7 +210,6 @@ class SessionShell:
 
     async def run(self) -> None:
         """Run until the session is closed (stop, fatal error or disconnect); always releases the model."""
-        loop = asyncio.get_running_loop()
         try:
             while not self.core.closed:
                 tick = self.core.poll(self._clock())
@@ -216,11 +219,15 @@ class SessionShell:
                 if tick.position is not None:
                     self.positions += 1
                     try:
-                        if self._inline_steps and not self._prefilling:  # else behind the prefill, one thread
+                        if not self._inline_steps:
+                            result = await self._model_call(self.model.step, tick.position.input)
+                        elif self._model_lock.locked() or self._stray is not None:
+                            async with self._model_lock:  # after the prefill (or abort) in the executor
+                                await self._settle_stray()
+                                result = self.model.step(tick.position.input)
+                        else:
                             result = self.model.step(tick.position.input)
                             await asyncio.sleep(0)  # a backlog of positions must not hold the loop: yield each one
-                        else:
-                            result = await loop.run_in_executor(self._executor, self.model.step, tick.position.input)
                     except Exception as exc:
                         self.model_failure = f"position {self.positions - 1}: {exc}"  # for the server's log
                         self.model_error = exc
@@ -277,10 +284,27 @@ class SessionShell:
                 case CancelSynthesis():
                     pass  # a finished synthesis for a cancelled job is ignored by the core
 
+    async def _model_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in the executor after this session's earlier model calls have returned."""
+        async with self._model_lock:
+            await self._settle_stray()
+            future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                if not future.done():
+                    self._stray = future  # its thread still runs it: the next call waits for it
+                raise
+
+    async def _settle_stray(self) -> None:
+        if self._stray is not None:
+            await asyncio.wait({self._stray})
+            self._stray = None
+
     async def _abort_model(self) -> None:
         self._released = True
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self.model.abort)
+            await self._model_call(self.model.abort)
         except Exception as exc:  # the model home is suspect: the server stops admitting sessions
             self.cleanup_error = exc
 
@@ -290,17 +314,13 @@ class SessionShell:
         task.add_done_callback(self._tasks.discard)
 
     async def _prefill(self, prompt: Any) -> None:
-        loop = asyncio.get_running_loop()
         core = self.core
-        self._prefilling += 1
         try:
-            await loop.run_in_executor(self._executor, self.model.prefill, prompt)
+            await self._model_call(self.model.prefill, prompt)
         except Exception as exc:
             self._inbox.put_nowait(_Done(lambda now, e=exc: core.prefill_failed(e, now)))
         else:
             self._inbox.put_nowait(_Done(core.prefilled))
-        finally:
-            self._prefilling -= 1
 
     async def _synthesize(self, job_id: str, text: str) -> None:
         loop = asyncio.get_running_loop()
