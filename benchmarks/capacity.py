@@ -42,6 +42,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -212,7 +213,7 @@ async def _session(url: str, dialect: str, index: int, spec: dict, tally: Tally,
                         continue
                     tally.positions += 1
                     lag = (now - sent) * 1000.0
-                    tally.lag_ms.append(lag)
+                    tally.lag_ms.append(round(lag, 2))
                     tally.late_ms.append((m.get("turn_state") or {}).get("late_ms") or 0.0)
                     if lag > DELIVERY_LATE_MS:
                         tally.delivery_late += 1
@@ -236,12 +237,14 @@ async def _session(url: str, dialect: str, index: int, spec: dict, tally: Tally,
                         await ws.send(f'{{"type":"session.event_ack","server_event_seq":{seq.group(1)}}}')
 
         reading = asyncio.create_task(reader())
-        frame = 0
+        frame = 0  # appends sent: the server's transport_frame numbering
+        tick = 0  # 80 ms ticks (a muted tick sends no append)
         start = spec["t0"] + (index % 97) / 97 * FRAME_S  # spread the sessions across one frame
         responses0 = turns0 = None
         try:
             while True:
-                due = start + frame * FRAME_S
+                due = start + tick * FRAME_S
+                tick += 1
                 if due >= end:
                     break
                 delay = due - time.monotonic()
@@ -337,10 +340,11 @@ def _trial(server: Server, dialect: str, n: int, args: argparse.Namespace) -> di
     gens = max(1, min(args.generators, n))
     url = server.base + ROUTES[dialect]
     procs = []
+    outs = [Path(tempfile.mkstemp(prefix="capacity-gen-", suffix=".json")[1]) for _ in range(gens)]
     for g in range(gens):
         spec = {"url": url, "dialect": dialect, "indices": list(range(g, n, gens)), "seed": args.seed * 100_003,
                 "connect_at": connect_at + g * CONNECT_GAP_S, "t0": t0, "window_start": window_start,
-                "window_end": window_end, "end": window_end + 1.0}
+                "window_end": window_end, "end": window_end + 1.0, "out": str(outs[g])}
         procs.append(subprocess.Popen([sys.executable, __file__, "--generator", json.dumps(spec)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     samples: dict = {}
@@ -359,12 +363,18 @@ def _trial(server: Server, dialect: str, n: int, args: argparse.Namespace) -> di
     observer = threading.Thread(target=observe, daemon=True)
     observer.start()
     tallies = []
-    for p in procs:
-        out, err = p.communicate(timeout=window_end - time.monotonic() + 120)
-        if p.returncode != 0 or not out.strip():
+    for p, out in zip(procs, outs, strict=True):
+        try:
+            _, err = p.communicate(timeout=max(1.0, window_end - time.monotonic()) + 120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        text = out.read_text() if out.exists() else ""
+        out.unlink(missing_ok=True)
+        if p.returncode != 0 or not text:
             tallies.append({"errors": [f"generator failed ({p.returncode}): {err[-500:]}"]})
         else:
-            tallies.append(json.loads(out.strip().splitlines()[-1]))
+            tallies.append(json.loads(text))
     observer.join(timeout=30)
     health = server.get("/health")
     if "start" not in samples or "end" not in samples:
@@ -528,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--generator", metavar="SPEC", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.generator:
-        print(json.dumps(generator_main(json.loads(args.generator))), flush=True)
+        spec = json.loads(args.generator)
+        Path(spec["out"]).write_text(json.dumps(generator_main(spec)))
         return 0
     args.start = args.start or (2 if args.quick else 64)
     args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 10.0)
