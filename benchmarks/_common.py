@@ -242,7 +242,6 @@ class ScriptedClient:
             typed = ({"type": "input_text.request", "event_id": f"t{k}", "job_id": f"job{k}", "text": words}
                      if self.dialect == "v3" else {"type": "input.text.append", "event_id": f"t{k}", "text": words})
             self._queue.append((SILENCE, [json.dumps(typed)], []))
-            self._muted = self.dialect == "v3"  # from this tick on; its own frame is not sent
             return
         if kind == "tool":
             words = f'call get_weather {{"city": "{self.rng.choice(CITIES)}"}}'
@@ -294,6 +293,8 @@ class ScriptedClient:
             self._pause()
             self._phrase()
         frame, before, after = self._queue.pop(0)
+        if self.dialect == "v3" and before and '"input_text.request"' in before[0]:
+            self._muted = True  # from the request's tick on (its own frame is not sent)
         if self._muted:
             return [*before, *after]
         self.stats.frames += 1
