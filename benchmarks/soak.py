@@ -132,8 +132,12 @@ def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
     while not stop.wait(sample_s):
         tasks = asyncio.run_coroutine_threadsafe(count_tasks(), server.loop).result(10)
         totals = asyncio.run_coroutine_threadsafe(late_counts(), server.loop).result(10)
+        names = [t.name for t in threading.enumerate()]
         print(json.dumps({"t": round(time.monotonic() - started, 3), "rss": rss_bytes(), "tasks": tasks,
-                          "threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd")),
+                          "threads": threading.active_count(),
+                          "model_threads": sum(n.startswith("voicechat-model") for n in names),
+                          "pool_threads": sum(n.startswith(("voicechat-model", "asyncio_", "uvloop_")) for n in names),
+                          "fds": len(os.listdir("/proc/self/fd")),
                           "sessions": len(app.sessions), "active": app.admission.active, **totals,
                           "gc": pauses.take()}), flush=True)
     from vllm_omni_voicechat.session.core import SessionCore
@@ -142,7 +146,9 @@ def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
     cores_alive = sum(isinstance(o, SessionCore) for o in gc.get_objects())
     server.stop()
     violations = [v for c in checkers for v in c.violations]
+    thread_names = sorted(t.name for t in threading.enumerate())
     print(json.dumps({"final": True, "session_cores_alive": cores_alive, "heap_collections": app.heap.collections,
+                      "threads_at_end": thread_names,
                       "sockets_traced": len(checkers), "trace_violations": violations[:50],
                       "trace_violation_count": len(violations), "backpressure_overflows":
                       sum(s["outbound_overflows"] for s in app.backpressure)}), flush=True)
@@ -630,6 +636,11 @@ def run_soak(*, sessions: int, duration: float, session_s: float, sample_s: floa
         "memory_slope_mib_per_hour": slope_mib_per_hour(samples),
         "open_tasks": spread(samples, "tasks"),
         "threads": spread(samples, "threads"),
+        # the server's bounded pools (its shared model pool; the loop's default executor, asyncio's or uvloop's,
+        # which synthesizes typed input) start threads on demand and keep them: every other thread must be back
+        # where it started
+        "model_threads": spread(samples, "model_threads"),
+        "threads_outside_pools": spread([{"n": x["threads"] - x.get("pool_threads", 0)} for x in samples], "n"),
         "fds": spread(samples, "fds"),
         "server_positions": last.get("positions", {}),
         "server_late_positions": last.get("late", {}),

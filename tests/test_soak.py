@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_omni_voicechat.server.app import MODEL_POOL_THREADS
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 
 
@@ -54,7 +56,10 @@ def check(report: dict) -> None:
     assert report["server"]["session_cores_alive"] == 0  # ended sessions' cycles were collected (server/heap.py)
     tasks = report["open_tasks"]
     assert tasks["end"] < tasks["max"] and tasks["end"] <= 4  # no session's task outlives it (idle: uvicorn's own)
-    assert report["threads"]["end"] <= report["threads"]["start"] and report["fds"]["end"] <= report["fds"]["start"]
+    # no thread outlives its session; the server's bounded pools keep theirs (the model pool: not one per session)
+    assert report["threads_outside_pools"]["end"] <= report["threads_outside_pools"]["start"]
+    assert report["model_threads"]["max"] <= MODEL_POOL_THREADS
+    assert report["fds"]["end"] <= report["fds"]["start"]
 
 
 def test_soak_smoke():
