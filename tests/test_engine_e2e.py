@@ -51,7 +51,7 @@ def server(engine):
 
     deadline = time.monotonic() + 60
     while get_json(engine.http + "/health")[1].get("active_sessions", 0) and time.monotonic() < deadline:
-        time.sleep(0.2)  # polling the server's own account of its sessions, bounded
+        time.sleep(0.2)  # ok: polling another process's own account of its sessions, bounded
     return engine
 
 

@@ -50,14 +50,16 @@ class RecordingTransport(asyncio.Transport):
         return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
 
 
-async def _accepting_app(scope, receive, send) -> None:
-    assert (await receive())["type"] == "websocket.connect"
-    await send({"type": "websocket.accept"})
-    await asyncio.Event().wait()  # never reads: the test plays the app's receive itself
-
-
 async def _connected() -> tuple[AbortableWebSockets, RecordingTransport, ClientProtocol]:
-    config = uvicorn.Config(_accepting_app, ws=AbortableWebSockets, log_level="warning")
+    accepted = asyncio.Event()
+
+    async def accepting_app(scope, receive, send) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        accepted.set()
+        await asyncio.Event().wait()  # never reads: the test plays the app's receive itself
+
+    config = uvicorn.Config(accepting_app, ws=AbortableWebSockets, log_level="warning")
     config.load()
     protocol = AbortableWebSockets(config, ServerState(), {}, _loop=asyncio.get_running_loop())
     transport = RecordingTransport()
@@ -65,10 +67,7 @@ async def _connected() -> tuple[AbortableWebSockets, RecordingTransport, ClientP
     client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/v1/realtime"))
     client.send_request(client.connect())
     protocol.data_received(b"".join(client.data_to_send()))
-    for _ in range(20):  # the app's task takes the connect message and accepts
-        await asyncio.sleep(0)
-        if transport.writes:
-            break
+    await asyncio.wait_for(accepted.wait(), 10)  # the app's task took the connect message and accepted
     client.receive_data(transport.writes.pop())
     assert isinstance(client.events_received()[0], Response)
     return protocol, transport, client

@@ -224,7 +224,8 @@ def test_a_prefill_cut_short_by_a_disconnect_still_returns_before_the_abort_runs
         shell.submit(Configure(SessionPrompt()))
         await asyncio.get_running_loop().run_in_executor(None, model.prefill_started.wait, 10)
         shell.disconnect()
-        asyncio.get_running_loop().call_later(0.2, model.release_prefill.set)  # the prefill returns later
+        # ok: a deliberate delay: the prefill must still be running when the abort is asked for
+        asyncio.get_running_loop().call_later(0.2, model.release_prefill.set)  # ok: still running at the next call
         await asyncio.wait_for(task, 10)
         pool.shutdown()
         return model
@@ -247,7 +248,7 @@ def test_a_model_call_whose_waiter_is_cancelled_still_returns_before_the_next_ca
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        asyncio.get_running_loop().call_later(0.2, model.release_prefill.set)
+        asyncio.get_running_loop().call_later(0.2, model.release_prefill.set)  # ok: still running at the next call
         await asyncio.wait_for(shell._model_call(model.abort), 10)
         pool.shutdown()
         return model
