@@ -155,7 +155,7 @@ class Tally:
         self.cpu_window_s = 0.0
 
     def to_json(self) -> dict:
-        return {k: v for k, v in vars(self).items()}
+        return dict(vars(self))
 
 
 async def _session(url: str, dialect: str, index: int, spec: dict, tally: Tally, cache: AppendCache) -> None:

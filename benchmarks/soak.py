@@ -134,7 +134,7 @@ def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
         totals = asyncio.run_coroutine_threadsafe(late_counts(), server.loop).result(10)
         names = [t.name for t in threading.enumerate()]
         print(json.dumps({"t": round(time.monotonic() - started, 3), "rss": rss_bytes(), "tasks": tasks,
-                          "threads": threading.active_count(),
+                          "threads": len(names),
                           "model_threads": sum(n.startswith("voicechat-model") for n in names),
                           "pool_threads": sum(n.startswith(("voicechat-model", "asyncio_", "uvloop_")) for n in names),
                           "fds": len(os.listdir("/proc/self/fd")),

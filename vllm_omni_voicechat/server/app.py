@@ -82,8 +82,11 @@ class VoicechatServer:
                                                                 thread_name_prefix="voicechat-model")
         prometheus.install(self)  # this process's /metrics (ours standalone, vLLM's inside vllm-omni serve)
 
-    def _reclaim(self) -> None:
-        """A session's handler has ended: its cycles go at the next full collection, soon (server/heap.py)."""
+    def _handler_done(self, slot: Slot, session_id: str) -> None:
+        """A session's handler has returned: its slot is free, its tally ended (a backstop: it ends once), and its
+        cycles go at the next full collection, soon (server/heap.py)."""
+        slot.release()
+        self.usage.end(session_id, "disconnect", time.monotonic())
         delay = self.heap.session_ended(time.monotonic())
         if delay is not None:
             asyncio.get_running_loop().call_later(delay, lambda: self.heap.collect_due(time.monotonic()))
@@ -246,9 +249,7 @@ class VoicechatServer:
         try:
             await self.serve(websocket, protocol, "v3", slot=slot)
         finally:
-            slot.release()
-            self.usage.end(protocol.session_id, "disconnect", time.monotonic())  # a backstop: ends once
-            self._reclaim()
+            self._handler_done(slot, protocol.session_id)
 
     # ================================================================ the tiered dialect
 
@@ -341,9 +342,7 @@ class VoicechatServer:
         try:
             await self.serve(websocket, protocol, "tiered", first=first, slot=slot, held=held)
         finally:
-            slot.release()
-            self.usage.end(protocol.session_id, "disconnect", time.monotonic())  # a backstop: ends once
-            self._reclaim()
+            self._handler_done(slot, protocol.session_id)
 
     async def _queue_for_slot(self, websocket: WebSocket, held: list[str | bytes]) -> tuple[Slot | None, str | None]:
         """Wait in the admission queue: ``session.queued`` at once, ``session.queue_update`` when the position

@@ -221,12 +221,11 @@ class SessionShell:
                     try:
                         if not self._inline_steps:
                             result = await self._model_call(self.model.step, tick.position.input)
-                        elif self._model_lock.locked() or self._stray is not None:
-                            async with self._model_lock:  # after the prefill (or abort) in the executor
-                                await self._settle_stray()
-                                result = self.model.step(tick.position.input)
                         else:
-                            result = self.model.step(tick.position.input)
+                            if self._model_lock.locked() or self._stray is not None:
+                                async with self._model_lock:  # after the prefill (or abort) in the executor
+                                    await self._settle_stray()
+                            result = self.model.step(tick.position.input)  # no await since: no call can start
                             await asyncio.sleep(0)  # a backlog of positions must not hold the loop: yield each one
                     except Exception as exc:
                         self.model_failure = f"position {self.positions - 1}: {exc}"  # for the server's log
