@@ -410,3 +410,80 @@ def test_wrong_tones_are_real_speech():
     pcm = silence(0.1, sr) + to_pcm(burst) + silence(0.2, sr)
     out = decode_speech(pcm, sr)
     assert out.startswith("[speech ") and out.endswith(" s]")
+
+
+# --- the quiet-chunk fast path -----------------------------------------------------------------------------
+
+_THRESHOLD_AMPLITUDE = 32768.0 * 10.0 ** (-40.0 / 20.0)  # -40 dBFS: ~328
+
+
+def _segment(kind: str, seconds: float, level: float, text: str, seed: int) -> bytes:
+    n = int(seconds * IN_SR)
+    rng = np.random.default_rng(seed)
+    if kind == "speech":
+        pcm = np.frombuffer(render_speech(text or "a", IN_SR), "<i2").astype(np.float64)
+        return np.clip(np.round(pcm * level), -32768, 32767).astype("<i2").tobytes()
+    if kind == "noise":  # around the threshold: some windows reach it, most do not
+        return np.clip(np.round(rng.normal(0.0, level * _THRESHOLD_AMPLITUDE, n)), -32768, 32767).astype("<i2").tobytes()
+    if kind == "square":  # constant level around the threshold: every window of it is on, or none
+        x = np.full(n, int(level * _THRESHOLD_AMPLITUDE), dtype="<i2")
+        x[1::2] *= -1
+        return x.tobytes()
+    if kind == "click":  # one loud sample in silence: a window reaches the threshold at once
+        x = np.zeros(n, dtype="<i2")
+        x[rng.integers(0, n)] = int(min(32767, level * 4 * _THRESHOLD_AMPLITUDE))
+        return x.tobytes()
+    return bytes(2 * n)
+
+
+def _decode_steps(pcm: bytes, chunks: list[int], fast: bool) -> list[tuple]:
+    decoder = SpeechDecoder(IN_SR)
+    decoder.quiet_fast_path = fast
+    steps, i, k = [], 0, 0
+    while i < len(pcm):
+        size = chunks[k % len(chunks)]
+        k += 1
+        step = decoder.feed(pcm[i : i + size])
+        steps.append((step.pieces, step.energetic))
+        i += size
+    steps.append((decoder.flush().pieces, None))
+    return steps
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    segments=st.lists(
+        st.tuples(st.sampled_from(["speech", "noise", "square", "click", "zero"]), st.floats(0.005, 0.3),
+                  st.floats(0.05, 2.0), st.text("ab c", max_size=4), st.integers(0, 1000)),
+        min_size=1, max_size=8),
+    chunks=st.lists(st.integers(1, 4_000), min_size=1, max_size=6),
+)
+def test_property_quiet_fast_path_changes_nothing(segments, chunks):
+    """Chunks below the threshold skip the envelope; every piece and every ``energetic`` is as without it, for any
+    mix of speech, noise near the threshold, lone loud samples and silence, in any chunking."""
+    pcm = b"".join(_segment(*s) for s in segments)
+    assert _decode_steps(pcm, chunks, fast=True) == _decode_steps(pcm, chunks, fast=False)
+
+
+def test_quiet_fast_path_is_taken_for_quiet_frames_only():
+    decoder = SpeechDecoder(IN_SR)
+    calls = []
+    real = decoder._quiet_chunk
+    decoder._quiet_chunk = lambda *a: calls.append(1) or real(*a)
+    quiet = np.full(1_280, int(_THRESHOLD_AMPLITUDE / 2), dtype="<i2").tobytes()  # -46 dBFS: below
+    decoder.feed(quiet)
+    assert calls == [1]
+    decoder.feed(render_speech("hi", IN_SR)[:2_560])
+    assert calls == [1]  # speech is processed in full
+
+
+def test_quiet_fast_path_counts_the_previous_chunks_tail():
+    """A window straddling two chunks: a loud last sample (its own window is off) plus a next chunk just below
+    the threshold is on, though neither chunk's own level says so."""
+    t = _THRESHOLD_AMPLITUDE
+    first = np.zeros(1_280, dtype="<i2")
+    first[-1] = int(5 * t)  # 25 t^2 < 32 t^2 (env_len 32 at 16 kHz): off
+    second = np.full(1_280, int(0.9 * t), dtype="<i2")  # 32 * 0.81 t^2 < 32 t^2: off alone
+    steps = {fast: _decode_steps(first.tobytes() + second.tobytes(), [2_560], fast) for fast in (True, False)}
+    assert [piece for pieces, _ in steps[False] for piece in pieces] == ["[speech 0.0 s]"]  # the windows were on
+    assert steps[True] == steps[False]

@@ -285,6 +285,9 @@ class SpeechDecoder:
     piece and placeholder rules.
     """
 
+    quiet_fast_path = True
+    """Skip the envelope of chunks that cannot reach the threshold (the same result; tests compare both)."""
+
     def __init__(self, sample_rate: int = 16000) -> None:
         self.sample_rate = _check_rate(sample_rate)
         self._p = _params(self.sample_rate)
@@ -410,6 +413,8 @@ class SpeechDecoder:
         n = x.size
         pos0 = self._pos
         pos_end = pos0 + n
+        if self.quiet_fast_path and not self._on and n >= m and self._quiet(x):
+            return self._quiet_chunk(x, out, pos_end)
 
         # envelope: exact sum of squares over the last m samples (causal), thresholded
         ext = np.empty(m + n, dtype=np.int64)
@@ -503,14 +508,44 @@ class SpeechDecoder:
         self._on = state_on
         self._run_start = run_start
         self._run_real = run_real
+        self._keep(x, buf, buf_start, pos_end)
+        return energetic
+
+    def _keep(self, x: np.ndarray, buf: np.ndarray, buf_start: int, pos_end: int) -> None:
+        """Keep the recent samples (a symbol's analysis window may reach back into them)."""
+        keep = self._p.keep
         self._pos = pos_end
-        if buf.size > p.keep:
-            self._buf = buf[-p.keep :].copy()
-            self._buf_start = pos_end - p.keep
+        if buf.size > keep:
+            self._buf = buf[-keep:].copy()
+            self._buf_start = pos_end - keep
         else:
             self._buf = buf.copy() if buf is x else buf
             self._buf_start = buf_start
-        return energetic
+
+    def _quiet(self, x: np.ndarray) -> bool:
+        """No envelope window ending in ``x`` can reach the threshold: each holds at most the previous chunk's
+        last squares plus ``env_len`` of this chunk's peak square."""
+        p = self._p
+        peak = max(int(x.max()), -int(x.min()))
+        return int(self._sq_tail.sum()) + p.env_len * peak * peak < p.thr_sum
+
+    def _quiet_chunk(self, x: np.ndarray, out: list[str], pos_end: int) -> bool:
+        """What :meth:`_process` does for a chunk that is "off" throughout after an "off" one (no runs start
+        or end): silence-based emissions, the envelope tail, the kept samples. Most frames of a conversation
+        are quiet; this skips the envelope and run segmentation (~2x cheaper per frame)."""
+        p = self._p
+        tail = x[-p.env_len :].astype(np.int64)
+        tail *= tail
+        self._sq_tail = tail
+        if self._pending and pos_end - self._last_sym_end >= p.eou:
+            self._emit_pending(out)
+        if self._real_start is not None and pos_end - self._real_end >= p.real_gap:
+            self._close_region(out)
+        if self._buf.size:
+            self._keep(x, np.concatenate((self._buf, x)), self._buf_start, pos_end)
+        else:
+            self._keep(x, x, self._pos, pos_end)
+        return False
 
 
 def decode_speech(pcm16: bytes, sample_rate: int = 22050) -> str:
