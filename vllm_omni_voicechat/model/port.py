@@ -11,6 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..records import record
+
 
 class AgentControl(str, enum.Enum):
     """What the agent text channel did on a position."""
@@ -57,7 +59,7 @@ class SessionPrompt:
     """Tools offered to the function channel; empty means no tool block."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PositionControls:
     """Controls applied on one position. All default to "do nothing"."""
 
@@ -83,7 +85,7 @@ class PositionControls:
 NO_CONTROLS = PositionControls()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PositionInput:
     """One model position's input."""
 
@@ -95,7 +97,7 @@ class PositionInput:
     """True when the frame is a zero-input position the protocol added (no client audio behind it)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AgentOutput:
     """The agent text channel on one position."""
 
@@ -107,7 +109,7 @@ class AgentOutput:
     """Text this position adds to the response transcript ('' for PAD/BOS/EOS)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RnntEvidence:
     """User-side evidence from the RNNT decoder on one position."""
 
@@ -175,7 +177,7 @@ class ToolCall:
     """The raw payload between SOTC and EOTC."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResponseBoundary:
     """Where the response stands after this position."""
 
@@ -189,7 +191,7 @@ class ResponseBoundary:
     """Why it ended (EOS reason or boundary reason, e.g. ``post_eos_audio_silence``); set with ``ended``."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StepTimings:
     """Timings the model reports for one position."""
 
@@ -197,7 +199,7 @@ class StepTimings:
     """Time spent inside the model for this position."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StepResult:
     """Everything one position produced."""
 

@@ -15,10 +15,10 @@ Pacing policy:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 from ..audio.frames import FRAME_SECONDS
 from ..model.port import PositionControls, PositionInput, StepResult
+from ..records import record
 
 DEFAULT_MAX_SESSION_MODEL_FRAMES = 12_000
 BUDGET_MS = 80.0
@@ -64,7 +64,7 @@ _SYNTHETIC = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Position:
     """A position the runner has begun: hand ``input`` to the model, then call :meth:`Stage0Runner.finish`."""
 
@@ -76,7 +76,7 @@ class Position:
     started: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StepMetrics:
     frame: int
     transport_frame: int | None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.port import SessionPrompt
+from ..records import record
 
 
 class Command:
@@ -19,7 +20,7 @@ class Configure(Command):
     client_event_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AppendAudio(Command):
     """Decoded PCM16 mono 16 kHz microphone audio (any length, whole samples)."""
 

@@ -25,6 +25,7 @@ from ..errors import StateError
 from ..ids import SYSTEM_IDS
 from ..model.port import SessionPrompt, StepResult
 from ..model.tokens import split_tokens
+from ..records import record
 from ..runner.stage0 import (
     DEFAULT_MAX_SESSION_MODEL_FRAMES,
     Position,
@@ -117,7 +118,7 @@ class SessionConfig:
     recoverable ``input_backpressure``: a client sending faster than real time cannot grow the session's memory."""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Tick:
     """What ``poll`` decided: outputs to dispatch, a position to run now, or when to poll again."""
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..model.port import SessionPrompt
+from ..records import record
 
 Source = Literal["microphone", "typed"]
 ResponseStatus = Literal["completed", "cancelled", "failed"]
@@ -64,7 +65,7 @@ class TurnCommitted(NativeEvent):
     client_event_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TranscriptDelta(NativeEvent):
     turn_id: str
     delta: str
@@ -120,7 +121,7 @@ class ResponseCreated(NativeEvent):
     response_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TextDelta(NativeEvent):
     turn_id: str
     response_id: str
@@ -128,7 +129,7 @@ class TextDelta(NativeEvent):
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AudioDelta(NativeEvent):
     """One position of output audio: PCM16 mono at 22,050 Hz (projectors encode it)."""
 
@@ -235,7 +236,7 @@ class SessionClosed(NativeEvent):
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PositionMetrics(NativeEvent):
     """Per-position telemetry (and per gated idle frame, with ``frame=None``): the liveness signal."""
 

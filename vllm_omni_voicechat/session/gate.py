@@ -8,12 +8,12 @@ client's VAD. Once open, the gate stays open for the rest of the session.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from ..audio.frames import dbfs
+from ..records import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MicFrame:
     """A complete 80 ms microphone frame and its transport number (0-based count of assembled frames)."""
 
