@@ -174,3 +174,44 @@ def test_a_positions_events_leave_in_one_write_and_the_trace_sees_every_frame(mo
             assert "voicechat.metrics" in types, types
     assert sum("response.output_audio.delta" in text for text in written) >= 10
     assert len(batches) < len(written) / 1.5, (len(batches), len(written))
+
+
+def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport_buffer():
+    """Events queued in one step leave in one write once the step yields (no writer task wakes for them); while
+    the transport is above its high-water mark nothing is written, and everything queued meanwhile leaves in
+    order, in one write, when it drains."""
+    from starlette.websockets import WebSocket
+
+    from vllm_omni_voicechat.server.outbox import Outbox
+
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        scope = {"type": "websocket", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "path": "/",
+                 "headers": [], "query_string": b""}
+        gone: list[bool] = []
+        outbox = Outbox(WebSocket(scope, None, None), ServerConfig.simulator(), on_overflow=lambda: None,
+                        on_gone=lambda: gone.append(True))
+        assert outbox.put('{"type":"a"}') and outbox.put('{"type":"b"}')
+        assert transport.writes == []  # not before the step yields
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(transport.writes) == 1
+        assert _frames(client, transport.writes.pop()) == ['{"type":"a"}', '{"type":"b"}']
+
+        protocol.pause_writing()  # the transport's buffer is full
+        for name in "cde":
+            assert outbox.put('{"type":"%s"}' % name)
+            await asyncio.sleep(0)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert transport.writes == []
+        protocol.resume_writing()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(transport.writes) == 1
+        assert _frames(client, transport.writes.pop()) == ['{"type":"c"}', '{"type":"d"}', '{"type":"e"}']
+        assert outbox.sent_events == 5 and outbox.queued_events == 0 and not gone
+        outbox.abort()
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())

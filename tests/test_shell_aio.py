@@ -255,3 +255,28 @@ def test_a_model_call_whose_waiter_is_cancelled_still_returns_before_the_next_ca
 
     model = asyncio.run(main())
     assert [c[0] for c in model.calls] == ["prefill", "abort"] and model.overlaps == 0
+
+
+def test_the_inbox_wait_ends_at_an_item_or_its_deadline_and_leaves_no_waiter():
+    from vllm_omni_voicechat.shell.aio import _Inbox
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        inbox = _Inbox()
+        assert not await inbox.wait(loop.time() + 0.01)  # the deadline passes: nothing queued
+        assert inbox._waiter is None
+        loop.call_soon(inbox.put_nowait, "a")
+        assert await inbox.wait(None) and inbox.get_nowait() == "a" and inbox.empty()
+        inbox.put_nowait("b")
+        assert await inbox.wait(loop.time() - 1.0)  # an item already queued wins over a past deadline
+        assert inbox.get_nowait() == "b"
+        waiting = asyncio.ensure_future(inbox.wait(None))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert inbox._waiter is None
+        inbox.put_nowait("c")  # no waiter left to wake: queued for the next wait
+        assert await inbox.wait(None) and inbox.get_nowait() == "c"
+
+    asyncio.run(scenario())

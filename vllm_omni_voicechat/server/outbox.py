@@ -53,6 +53,9 @@ class Outbox:
         self._closing: tuple[int, str] | None = None
         self._wake = asyncio.Event()
         self._progress = 0
+        self._direct = protocol_for(websocket)
+        self._trace = traced(websocket) if self._direct is not None else None  # (the ASGI tap sees the other path)
+        self._flush_at: asyncio.Handle | None = None
         self._task = asyncio.create_task(self._write())
 
     @property
@@ -79,8 +82,26 @@ class Outbox:
         self.queued_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.queued_bytes - self._forced_bytes)
         self.peak_events = max(self.peak_events, len(self._queue) - self._forced_events)
-        self._wake.set()
+        if self._direct is None:
+            self._wake.set()
+        elif self._flush_at is None:
+            # Written once this loop iteration's callbacks have run: a position's events queue together and go out
+            # in one write, without waking the writer task (which only waits out a full transport buffer).
+            self._flush_at = asyncio.get_running_loop().call_soon(self._flush)
         return True
+
+    def _flush(self) -> None:
+        self._flush_at = None
+        direct = self._direct
+        if not self._queue or self.gone or self._task.done() or direct is None:
+            return
+        if not direct.writable.is_set():
+            self._wake.set()  # the writer task waits for the transport to drain
+            return
+        try:
+            self._write_batch(direct, self._trace)
+        except Exception:  # the client left: a write failure is a disconnect
+            self._lost()
 
     def discard(self) -> None:
         """Drop what is queued (the event being written stays: it is half in the transport)."""
@@ -129,8 +150,7 @@ class Outbox:
 
     async def _write(self) -> None:
         ws = self.websocket
-        direct = protocol_for(ws)
-        trace = traced(ws) if direct is not None else None  # the ASGI tap sees the other path's frames
+        direct, trace = self._direct, self._trace
         try:
             while True:
                 if not self._queue:
@@ -156,9 +176,12 @@ class Outbox:
         except asyncio.CancelledError:
             raise
         except Exception:  # the client left: a write failure is a disconnect
-            self.gone = True
-            self._clear()
-            self._on_gone()
+            self._lost()
+
+    def _lost(self) -> None:
+        self.gone = True
+        self._clear()
+        self._on_gone()
 
     def _write_batch(self, direct: AbortableWebSockets, trace: Trace | None) -> None:
         """Write the events at the head of the queue in one transport write, then drop them from the queue (no
