@@ -379,3 +379,25 @@ def test_arbitrary_event_objects_never_raise(event: dict, event_id: str | None) 
 @given(st.text() | st.binary())
 def test_arbitrary_frames_never_raise(frame: str | bytes) -> None:
     check(parse(frame))
+
+
+def _stdlib_audio(text: str) -> bytes | None:
+    import binascii
+
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return None
+
+
+@settings(max_examples=400)
+@given(text=st.text("AB+/=Q9\n -_é", max_size=12) | st.sampled_from(["QUJD=", "QUJD==", "QQ==QQ==", "QUJDRA=", "QQ=a"]))
+def test_append_audio_accepts_exactly_what_strict_base64_accepts(text: str) -> None:
+    """The SIMD decoder refuses excess padding the standard library accepts ("QUJD=" is ABC): the parser still
+    accepts and refuses exactly the payloads the standard library's strict mode does."""
+    event = parse(json.dumps({"type": "input_audio_buffer.append", "audio": text}))
+    expected = _stdlib_audio(text)
+    if expected is None:
+        assert isinstance(event, ParseError) and event.code == "bad_audio"
+    else:
+        assert isinstance(event, p.InputAudioBufferAppend) and event.audio == expected

@@ -54,8 +54,10 @@ def _resample(stream: soxr.ResampleStream, x: np.ndarray | None, last: bool = Fa
 
 def _f32_to_i16(data: bytes) -> np.ndarray:
     x = np.frombuffer(data, dtype="<f4").astype(np.float64)
-    x = np.nan_to_num(x, nan=0.0, posinf=1.0, neginf=-1.0)
-    return np.round(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+    np.copyto(x, 0.0, where=np.isnan(x))  # NaN -> 0; the clip takes +-inf to +-1 (nan_to_num cost ~3x this)
+    np.clip(x, -1.0, 1.0, out=x)
+    x *= 32767.0
+    return np.round(x).astype(np.int16)
 
 
 class PcmDecoder:
