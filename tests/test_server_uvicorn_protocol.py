@@ -182,7 +182,7 @@ def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport
     order, in one write, when it drains."""
     from starlette.websockets import WebSocket
 
-    from vllm_omni_voicechat.server.outbox import Outbox
+    from vllm_omni_voicechat.server.outbox import BATCH_EVENTS, Outbox
 
     async def scenario() -> None:
         protocol, transport, client = await _connected()
@@ -211,6 +211,14 @@ def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport
         assert len(transport.writes) == 1
         assert _frames(client, transport.writes.pop()) == ['{"type":"c"}', '{"type":"d"}', '{"type":"e"}']
         assert outbox.sent_events == 5 and outbox.queued_events == 0 and not gone
+
+        burst = ['{"type":"n%d"}' % i for i in range(BATCH_EVENTS + 6)]  # more than one write holds
+        for text in burst:
+            assert outbox.put(text)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(transport.writes) == 2
+        assert [t for data in transport.writes for t in _frames(client, data)] == burst
         outbox.abort()
         protocol.connection_lost(None)
 

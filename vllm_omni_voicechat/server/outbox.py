@@ -93,13 +93,14 @@ class Outbox:
     def _flush(self) -> None:
         self._flush_at = None
         direct = self._direct
-        if not self._queue or self.gone or self._task.done() or direct is None:
-            return
-        if not direct.writable.is_set():
-            self._wake.set()  # the writer task waits for the transport to drain
+        if self.gone or self._task.done() or direct is None:
             return
         try:
-            self._write_batch(direct, self._trace)
+            while self._queue:
+                if not direct.writable.is_set():
+                    self._wake.set()  # the writer task waits for the transport to drain
+                    return
+                self._write_batch(direct, self._trace)  # at most BATCH_EVENTS / BATCH_BYTES a write
         except Exception:  # the client left: a write failure is a disconnect
             self._lost()
 
