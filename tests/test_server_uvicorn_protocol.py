@@ -223,3 +223,67 @@ def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport
         protocol.connection_lost(None)
 
     asyncio.run(scenario())
+
+
+def test_frames_go_straight_to_the_session_and_wait_with_reading_paused_when_it_has_no_room():
+    """server/reader.py on our protocol: each parsed frame is offered at once; one the session cannot take is held
+    with reading paused (TCP backpressure), held frames go on in order when there is room, then reading resumes; a
+    frame arriving after the socket was replaced ends the reader."""
+    from vllm_omni_voicechat.server.reader import DirectReader
+
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        room = asyncio.Event()
+        taken: list[str] = []
+
+        class Shell:
+            full = True
+
+            def offer_nowait(self, message):
+                if self.full:
+                    return None
+                taken.append(message)
+                return True
+
+            async def offer(self, message):
+                await room.wait()
+                self.full = False
+                return self.offer_nowait(message)
+
+        class Socket:
+            scope: dict = {}
+
+            async def receive(self):
+                await asyncio.Event().wait()  # no disconnect in this test
+
+        class Att:
+            reads_open = asyncio.Event()
+            shell = Shell()
+            socket = Socket()
+
+        Att.reads_open.set()
+
+        def send(text: str) -> None:
+            client.send_text(text.encode())
+            protocol.data_received(b"".join(client.data_to_send()))
+
+        reader = DirectReader(Att, Att.socket, protocol)  # type: ignore[arg-type]
+        running = asyncio.ensure_future(reader.run())
+        await asyncio.sleep(0)
+        assert protocol.receiver is not None
+        for i in range(3):
+            send('{"n":%d}' % i)
+        assert taken == [] and transport.calls == ["pause"]
+        room.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert taken == ['{"n":0}', '{"n":1}', '{"n":2}'] and transport.calls == ["pause", "resume"]
+        send('{"n":3}')
+        assert taken[-1] == '{"n":3}' and transport.calls == ["pause", "resume"]  # taken at once, in the parser's call
+        Att.socket = object()  # a resume replaced this socket
+        send('{"n":4}')
+        await asyncio.wait_for(running, 5)
+        assert taken[-1] == '{"n":3}' and protocol.receiver is None
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())

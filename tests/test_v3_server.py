@@ -342,19 +342,35 @@ def test_pipecat_minimal_exchange_fields_the_client_validates(url):
     assert all(re.fullmatch(r"evt_.+_\d+", e["event_id"]) for e in c.received)
 
 
-def test_a_failing_socket_reader_ends_the_session_and_frees_its_slot(monkeypatch):
-    """A transport error while reading is a disconnect: the session is torn down, never left hanging."""
+@pytest.mark.parametrize("path", ["asgi", "direct"])
+def test_a_failing_socket_reader_ends_the_session_and_frees_its_slot(monkeypatch, path):
+    """A transport error while reading is a disconnect: the session is torn down, never left hanging. Both read
+    paths: ASGI receive (under another server) and frames straight from our protocol (server/reader.py)."""
     from starlette.websockets import WebSocket
 
-    real_receive = WebSocket.receive
+    from vllm_omni_voicechat.server import reader
+    from vllm_omni_voicechat.shell.aio import SessionShell
 
-    async def receive(self):
-        message = await real_receive(self)
-        if "transport-breaks-here" in (message.get("text") or ""):
-            raise RuntimeError("the transport broke")
-        return message
+    if path == "asgi":
+        real_receive = WebSocket.receive
 
-    monkeypatch.setattr(WebSocket, "receive", receive)
+        async def receive(self):
+            message = await real_receive(self)
+            if "transport-breaks-here" in (message.get("text") or ""):
+                raise RuntimeError("the transport broke")
+            return message
+
+        monkeypatch.setattr(reader, "protocol_for", lambda websocket: None)
+        monkeypatch.setattr(WebSocket, "receive", receive)
+    else:
+        real_offer = SessionShell.offer_nowait
+
+        def offer_nowait(self, message):
+            if "transport-breaks-here" in message:
+                raise RuntimeError("the transport broke")
+            return real_offer(self, message)
+
+        monkeypatch.setattr(SessionShell, "offer_nowait", offer_nowait)
     released = threading.Event()
     with running_app(ServerConfig.simulator(settlement_blank_frames=2, max_sessions=1)) as (base, server):
         server.admission.on_release = released.set

@@ -50,6 +50,7 @@ from .config import ServerConfig
 from .heap import Heap
 from .outbox import Outbox
 from .page import page_routes
+from .reader import read_socket
 from .uvicorn import VoicechatUvicornServer
 from .warmup import WarmupReport, warm_up
 
@@ -457,7 +458,7 @@ class VoicechatServer:
             shell.submit(first)
         for message in held or ():
             shell.submit(message)
-        reader = asyncio.create_task(self._read(att, websocket))
+        reader = asyncio.create_task(read_socket(att, websocket))
         try:
             await shell.run()
         finally:
@@ -487,27 +488,6 @@ class VoicechatServer:
             log.info("%s session %s ended after %d positions (close %s %s%s)", dialect, session_id, shell.positions,
                      att.close_code or 1000, att.close_reason or "",
                      f"; model failure: {shell.model_failure}" if shell.model_failure else "")
-
-    @staticmethod
-    async def _read(att: Attachment, websocket: WebSocket) -> None:
-        try:
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                if not att.reads_open.is_set():
-                    await att.reads_open.wait()  # a resume is settling the input: this frame waits for its outcome
-                if att.socket is not websocket or att.shell is None:
-                    break  # replaced by a resumed socket
-                data = message.get("text") if message.get("text") is not None else message.get("bytes")
-                if data is not None:
-                    await att.shell.offer(data)
-        except Exception:  # a transport error is a drop like any other, never a session left hanging
-            log.debug("socket reader failed", exc_info=True)
-        outbox = att.outbox if att.socket is websocket else None
-        att.detach(websocket)
-        if outbox is not None:
-            outbox.abort()  # the client is gone: nothing queued can reach it
 
     async def _resume(self, websocket: WebSocket, request: tiered_parser.SessionResume) -> None:
         att = self.tiered.get(request.session_id)
@@ -548,7 +528,7 @@ class VoicechatServer:
                 await websocket.close(1000, _refusal_code(outcome.outputs))
             return
         try:
-            await self._read(att, websocket)  # until this socket drops, is replaced, or the session ends
+            await read_socket(att, websocket)  # until this socket drops, is replaced, or the session ends
         finally:
             await outbox.closed()  # closed by whoever retired it: a takeover, the session's end, or a drop
 

@@ -16,7 +16,7 @@ send syscall, not one per event and its ASGI round trip), and pauses reading onl
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
@@ -38,6 +38,9 @@ def _key(client: Any, server: Any) -> _Key | None:
 class AbortableWebSockets(WebSocketsSansIOProtocol):
     """uvicorn's default WebSocket protocol (with websockets installed, as it always is with us), findable from the
     ASGI scope, writing several texts at once and reading ahead a few messages."""
+
+    receiver: Callable[[str | bytes], None] | None = None
+    """Takes each client message instead of the ASGI queue while set (server/reader.py)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         self.voicechat_key = _key(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
@@ -64,6 +67,22 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
         self.transport.write(b"".join(conn.data_to_send()))
 
     def send_receive_event_to_app(self) -> None:
+        receiver = self.receiver
+        if receiver is not None and not self.close_sent:
+            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            if self.curr_msg_data_type == "text":
+                try:
+                    text = data.decode()
+                except UnicodeDecodeError:
+                    pass  # uvicorn's own path closes with 1007
+                else:
+                    self.frames = []
+                    receiver(text)
+                    return
+            else:
+                self.frames = []
+                receiver(data)
+                return
         # uvicorn pauses reading after every message (it skips that while already paused) and resumes when the app
         # has taken them all; we pause only at READ_AHEAD_MESSAGES, and uvicorn's receive resumes as before.
         paused, self.read_paused = self.read_paused, True

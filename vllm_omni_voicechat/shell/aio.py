@@ -196,27 +196,34 @@ class SessionShell:
     async def offer(self, message: str | bytes) -> bool:
         """Queue one client frame within the inbox bounds; False when it was refused (its typed error follows in
         order). Waits only while the inbox and the refusals are both full."""
-        size = _size(message)
         while True:
-            cap = self.max_inbox_messages
-            # Frames the protocol object holds behind an unfinished barrier are still in the receive pump.
-            fits = cap is None or self.inbox_messages + getattr(self.core, "held_messages", 0) < cap
-            if fits and self.max_inbox_bytes is not None and self.inbox_messages:
-                fits = self.inbox_bytes + size <= self.max_inbox_bytes  # one message always fits an empty inbox
-            if fits:
-                self.inbox_messages += 1
-                self.inbox_bytes += size
-                self.peak_inbox_messages = max(self.peak_inbox_messages, self.inbox_messages)
-                self.peak_inbox_bytes = max(self.peak_inbox_bytes, self.inbox_bytes)
-                self._inbox.put_nowait(_Offered(message, size))
-                return True
-            if self._refuse is not None and (cap is None or self.pending_refusals < cap):
-                self.pending_refusals += 1
-                self.refused += 1
-                self._inbox.put_nowait(_Refused(client_event_id(message)))
-                return False
+            taken = self.offer_nowait(message)
+            if taken is not None:
+                return taken
             self._room.clear()
             await self._room.wait()
+
+    def offer_nowait(self, message: str | bytes) -> bool | None:
+        """:meth:`offer` without waiting: None (nothing queued) while the inbox and the refusals are both full."""
+        size = _size(message)
+        cap = self.max_inbox_messages
+        # Frames the protocol object holds behind an unfinished barrier are still in the receive pump.
+        fits = cap is None or self.inbox_messages + getattr(self.core, "held_messages", 0) < cap
+        if fits and self.max_inbox_bytes is not None and self.inbox_messages:
+            fits = self.inbox_bytes + size <= self.max_inbox_bytes  # one message always fits an empty inbox
+        if fits:
+            self.inbox_messages += 1
+            self.inbox_bytes += size
+            self.peak_inbox_messages = max(self.peak_inbox_messages, self.inbox_messages)
+            self.peak_inbox_bytes = max(self.peak_inbox_bytes, self.inbox_bytes)
+            self._inbox.put_nowait(_Offered(message, size))
+            return True
+        if self._refuse is not None and (cap is None or self.pending_refusals < cap):
+            self.pending_refusals += 1
+            self.refused += 1
+            self._inbox.put_nowait(_Refused(client_event_id(message)))
+            return False
+        return None
 
     def _taken(self, item: Any) -> Any:
         """Release what ``item`` held of the bounds; returns what the core receives."""
