@@ -432,11 +432,11 @@ class VoicechatServer:
         att = Attachment(protocol, cfg, fail_on_overflow=dialect == "v3")
         first_outbox = att.attach(websocket)
         for item in protocol.start(time.monotonic()):
-            await att.sink(item)
+            att.sink(item)
         if self.cleanup_failure is not None:
             # A poisoned model home: greet, then fail the session before it can touch the model.
             for item in protocol.poisoned(self.cleanup_failure, time.monotonic()):
-                await att.sink(item)
+                att.sink(item)
             if slot is not None:
                 slot.release()
             self.usage.end(protocol.session_id, ended_reason(att), time.monotonic())

@@ -75,8 +75,8 @@ class Attachment:
             settled.cancel()
             ended.cancel()
 
-    async def sink(self, item: Any) -> None:
-        """The shell's sink: what the protocol object hands its transport."""
+    def sink(self, item: Any) -> None:
+        """The shell's sink: what the protocol object hands its transport (never waits: puts are queued)."""
         if isinstance(item, CloseTransport):
             self.close_code = item.code
             self.close_reason = item.reason
