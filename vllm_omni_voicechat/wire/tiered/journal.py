@@ -91,7 +91,7 @@ class Journal:
         text = encode({**event, "server_event_seq": self.head})
         if self.overflowed:
             return Recorded(text, self.head)
-        size = len(text.encode("utf-8", "surrogatepass"))
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))  # isascii: O(1)
         if self._bytes + size > self.max_bytes:
             # Sticky: a resume can no longer be complete, so the client is told once, live, and events flow on.
             self.overflowed = True
