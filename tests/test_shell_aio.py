@@ -280,3 +280,46 @@ def test_the_inbox_wait_ends_at_an_item_or_its_deadline_and_leaves_no_waiter():
         assert await inbox.wait(None) and inbox.get_nowait() == "c"
 
     asyncio.run(scenario())
+
+
+def test_sessions_with_positions_back_to_back_take_turns_on_the_loop():
+    """Inline steps: a session with a backlog yields before each further position, so two such sessions
+    interleave instead of one running its whole backlog first."""
+    from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+
+    order: list[str] = []
+
+    class Named(SimulatorModel):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def step(self, position):
+            order.append(self.name)
+            return super().step(position)
+
+    async def main():
+        shells, recs, tasks = [], [], []
+        for name in "AB":
+            rec = Recorder()
+            shell = SessionShell(SessionCore(SessionConfig(session_id=name, settlement_blank_frames=3)), Named(name),
+                                 rec)
+            assert shell._inline_steps
+            shells.append(shell)
+            recs.append(rec)
+            tasks.append(asyncio.create_task(shell.run()))
+            shell.submit(Configure(SessionPrompt()))
+        for rec in recs:
+            await rec.wait_for(SessionConfigured)
+        for shell in shells:  # both backlogs queued before either runs
+            shell.submit(StartTurn(1, "s1"))
+            shell.submit(AppendAudio(bytes(INPUT_FRAME_BYTES * 12)))
+        while order.count("A") < 12 or order.count("B") < 12:
+            await asyncio.sleep(0)  # ok: the loop turns the test is about
+        for shell in shells:
+            shell.submit(Stop())
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+    asyncio.run(main())
+    first = order[:12]
+    assert first.count("A") >= 4 and first.count("B") >= 4, order

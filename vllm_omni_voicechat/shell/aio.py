@@ -262,6 +262,7 @@ class SessionShell:
 
     async def run(self) -> None:
         """Run until the session is closed (stop, fatal error or disconnect); always releases the model."""
+        backlog = False  # an inline step ran since the loop last waited: the next one yields first
         try:
             while not self.core.closed:
                 tick = self.core.poll(self._clock())
@@ -274,11 +275,13 @@ class SessionShell:
                         if not self._inline_steps:
                             result = await self._model_call(self.model.step, tick.position.input)
                         else:
+                            if backlog:
+                                await asyncio.sleep(0)  # positions back to back must not hold the loop: yield each
                             if self._model_lock.locked() or self._stray is not None:
                                 async with self._model_lock:  # after the prefill (or abort) in the executor
                                     await self._settle_stray()
                             result = self.model.step(tick.position.input)  # no await since: no call can start
-                            await asyncio.sleep(0)  # a backlog of positions must not hold the loop: yield each one
+                            backlog = True  # until the loop next waits for input
                     except Exception as exc:
                         self.model_failure = f"position {self.positions - 1}: {exc}"  # for the server's log
                         self.model_error = exc
@@ -295,6 +298,7 @@ class SessionShell:
                 if tick.wake_at is not None:  # the shell's clock -> the loop's (they differ under test clocks)
                     loop = asyncio.get_running_loop()
                     deadline = loop.time() + max(0.0, tick.wake_at - self._clock())
+                backlog = False
                 if await self._inbox.wait(deadline):
                     await self._handle(self._inbox.get_nowait())
         finally:
