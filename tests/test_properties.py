@@ -78,6 +78,25 @@ def _even_chunks(draw):
     return data, chunks
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([FB, FB, FB, 2, FB - 2, 2 * FB, 0]), max_size=12), st.randoms(use_true_random=False))
+def test_frame_reassembly_of_whole_frames(sizes, rnd):
+    """The usual append is exactly one frame: it comes back as it was sent (no copy) when nothing is pending, and
+    every frame still equals the stream's slice whatever came before."""
+    data = bytes(rnd.getrandbits(8) for _ in range(sum(sizes)))
+    asm, frames, pos = FrameAssembler(), [], 0
+    for size in sizes:
+        chunk = data[pos : pos + size]
+        pending = asm.pending_bytes
+        out = asm.push(chunk)
+        if size == FB and pending == 0:
+            assert out == [chunk] and out[0] is chunk
+        frames.extend(out)
+        pos += size
+    n = len(data) // FB
+    assert b"".join(frames) == data[: n * FB] and all(len(f) == FB for f in frames)
+
+
 @settings(max_examples=300, deadline=None)
 @given(_even_chunks(), st.booleans())
 def test_frame_reassembly(data_chunks, use_pad):

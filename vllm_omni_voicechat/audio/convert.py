@@ -47,9 +47,16 @@ def _new_stream(in_rate: int, out_rate: int) -> soxr.ResampleStream:
 
 def _resample(stream: soxr.ResampleStream, x: np.ndarray | None, last: bool = False) -> np.ndarray:
     """int16 samples through a float32 stream -> int16 samples (rounded, clipped)."""
-    f = _EMPTY_F32 if x is None else x.astype(np.float32) * np.float32(1.0 / 32768.0)
+    if x is None:
+        f = _EMPTY_F32
+    else:
+        f = x.astype(np.float32)
+        f *= np.float32(1.0 / 32768.0)
     y = stream.resample_chunk(f, last=last)
-    return np.clip(np.rint(y * np.float32(32768.0)), -32768, 32767).astype(np.int16)
+    y = y * np.float32(32768.0)  # a new array: soxr's output is not ours to write
+    np.rint(y, out=y)
+    np.clip(y, -32768, 32767, out=y)
+    return y.astype(np.int16)
 
 
 def _f32_to_i16(data: bytes) -> np.ndarray:

@@ -51,6 +51,8 @@ class FrameAssembler:
     def push(self, pcm16: bytes) -> list[bytes]:
         if len(pcm16) % 2:
             raise ValueError("PCM16 chunks must hold whole samples")
+        if not self._buf and len(pcm16) == self.frame_bytes and type(pcm16) is bytes:
+            return [pcm16]  # the usual append: exactly one frame, nothing pending (no copies)
         self._buf += pcm16
         n = len(self._buf) // self.frame_bytes
         if n == 0:

@@ -301,6 +301,7 @@ class SpeechDecoder:
         self._byte_carry = b""
         self._pos = 0  # absolute index of the next sample
         self._sq_tail = np.zeros(p.env_len, dtype=np.int64)  # squares of the last env_len samples
+        self._tail_sum: int | None = 0
         self._buf = np.zeros(0, dtype=np.int16)  # recent samples, for symbols straddling chunks
         self._buf_start = 0
         self._on = False
@@ -425,6 +426,7 @@ class SpeechDecoder:
         sq[:] = x
         sq *= sq
         self._sq_tail = ext[-m:].copy()
+        self._tail_sum = None  # the tail's sum, computed when a quiet check needs it
         np.cumsum(ext, out=ext)
         # window sum for new sample i (ext index m + i) is sq_ext[i+1 .. m+i] = cs[m+i] - cs[i]
         on = (ext[m:] - ext[:n]) >= p.thr_sum
@@ -528,8 +530,12 @@ class SpeechDecoder:
         """No envelope window ending in ``x`` can reach the threshold: each holds at most the previous chunk's
         last squares plus ``env_len`` of this chunk's peak square."""
         p = self._p
+        if self._tail_sum is None:
+            self._tail_sum = int(self._sq_tail.sum())
+        if not x.any():  # digital silence (muted or synthetic input): one reduction, not two
+            return self._tail_sum < p.thr_sum
         peak = max(int(x.max()), -int(x.min()))
-        return int(self._sq_tail.sum()) + p.env_len * peak * peak < p.thr_sum
+        return self._tail_sum + p.env_len * peak * peak < p.thr_sum
 
     def _quiet_chunk(self, x: np.ndarray, out: list[str], pos_end: int) -> bool:
         """What :meth:`_process` does for a chunk that is "off" throughout after an "off" one (no runs start
@@ -539,6 +545,7 @@ class SpeechDecoder:
         tail = x[-p.env_len :].astype(np.int64)
         tail *= tail
         self._sq_tail = tail
+        self._tail_sum = None
         if self._pending and pos_end - self._last_sym_end >= p.eou:
             self._emit_pending(out)
         if self._real_start is not None and pos_end - self._real_end >= p.real_gap:
