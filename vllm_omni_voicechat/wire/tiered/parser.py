@@ -570,6 +570,10 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+"""Built once: ``json.loads`` with a keyword builds a decoder per call (~3 us a frame)."""
+
+
 def _frame_too_large(text: str | bytes) -> bool:
     if isinstance(text, (bytes, bytearray, memoryview)):
         return len(text) > MAX_FRAME_BYTES
@@ -594,7 +598,7 @@ def _parse(text: str | bytes) -> ClientEvent | ParseError:
     if not isinstance(text, str):
         return ParseError("bad_event", "binary frames are not accepted; send JSON text")
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = _DECODER.decode(text)
     except (ValueError, RecursionError):
         return ParseError("invalid_json", "event is not valid JSON")
     return _parse_object(obj)
