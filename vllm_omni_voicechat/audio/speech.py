@@ -166,10 +166,11 @@ def render_speech(text: str, sample_rate: int = 16000) -> bytes:
     return table[np.frombuffer(data, dtype=np.uint8)].tobytes()
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)
 def render_token_audio(token: str, sample_rate: int = 22050, frame_samples: int = 1764) -> bytes:
-    """Audio for one model position: ``token``'s bytes as symbols, zero-padded to ``frame_samples``. Cached: the
-    simulator's replies reuse a small vocabulary, and every speaking position of every session renders one."""
+    """Audio for one model position: ``token``'s bytes as symbols, zero-padded to ``frame_samples``. Cached (at
+    most 256 tokens, ~0.9 MB): the simulator's replies reuse a small vocabulary, and every speaking position of
+    every session renders one."""
     sr = _check_rate(sample_rate)
     if frame_samples <= 0:
         raise ValueError("frame_samples must be positive")
