@@ -120,7 +120,8 @@ class DirectReader:
                 if not att.reads_open.is_set():
                     await att.reads_open.wait()
                 if att.socket is not self.websocket or att.shell is None:
-                    self.done.set_result(None)
+                    if not self.done.done():
+                        self.done.set_result(None)
                     return
                 await att.shell.offer(self.held[0])
                 self.held.popleft()
