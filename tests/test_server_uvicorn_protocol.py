@@ -73,6 +73,13 @@ async def _connected() -> tuple[AbortableWebSockets, RecordingTransport, ClientP
     return protocol, transport, client
 
 
+async def _loop_turns(n: int) -> None:
+    """Let the loop run ``n`` times: what these tests check happens on a later loop turn (a flush scheduled with
+    call_soon, a task handing held frames on), never after a time."""
+    for _ in range(n):
+        await asyncio.sleep(0)  # ok: a loop turn, not a delay
+
+
 def _frames(client: ClientProtocol, data: bytes) -> list[str]:
     client.receive_data(data)
     return [f.data.decode() for f in client.events_received() if f.opcode == Opcode.TEXT]
@@ -193,21 +200,18 @@ def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport
                         on_gone=lambda: gone.append(True))
         assert outbox.put('{"type":"a"}') and outbox.put('{"type":"b"}')
         assert transport.writes == []  # not before the step yields
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await _loop_turns(3)
         assert len(transport.writes) == 1
         assert _frames(client, transport.writes.pop()) == ['{"type":"a"}', '{"type":"b"}']
 
         protocol.pause_writing()  # the transport's buffer is full
         for name in "cde":
             assert outbox.put('{"type":"%s"}' % name)
-            await asyncio.sleep(0)
-        for _ in range(3):
-            await asyncio.sleep(0)
+            await _loop_turns(1)
+        await _loop_turns(3)
         assert transport.writes == []
         protocol.resume_writing()
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await _loop_turns(3)
         assert len(transport.writes) == 1
         assert _frames(client, transport.writes.pop()) == ['{"type":"c"}', '{"type":"d"}', '{"type":"e"}']
         assert outbox.sent_events == 5 and outbox.queued_events == 0 and not gone
@@ -215,8 +219,7 @@ def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport
         burst = ['{"type":"n%d"}' % i for i in range(BATCH_EVENTS + 6)]  # more than one write holds
         for text in burst:
             assert outbox.put(text)
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await _loop_turns(3)
         assert len(transport.writes) == 2
         assert [t for data in transport.writes for t in _frames(client, data)] == burst
         outbox.abort()
@@ -269,14 +272,13 @@ def test_frames_go_straight_to_the_session_and_wait_with_reading_paused_when_it_
 
         reader = DirectReader(Att, Att.socket, protocol)  # type: ignore[arg-type]
         running = asyncio.ensure_future(reader.run())
-        await asyncio.sleep(0)
+        await _loop_turns(1)
         assert protocol.receiver is not None
         for i in range(3):
             send('{"n":%d}' % i)
         assert taken == [] and transport.calls == ["pause"]
         room.set()
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await _loop_turns(5)
         assert taken == ['{"n":0}', '{"n":1}', '{"n":2}'] and transport.calls == ["pause", "resume"]
         send('{"n":3}')
         assert taken[-1] == '{"n":3}' and transport.calls == ["pause", "resume"]  # taken at once, in the parser's call

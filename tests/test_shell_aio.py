@@ -271,7 +271,7 @@ def test_the_inbox_wait_ends_at_an_item_or_its_deadline_and_leaves_no_waiter():
         assert await inbox.wait(loop.time() - 1.0)  # an item already queued wins over a past deadline
         assert inbox.get_nowait() == "b"
         waiting = asyncio.ensure_future(inbox.wait(None))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # ok: one loop turn, so the wait starts
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
