@@ -56,6 +56,7 @@ class Outbox:
         self._direct = protocol_for(websocket)
         self._trace = traced(websocket) if self._direct is not None else None  # (the ASGI tap sees the other path)
         self._flush_at: asyncio.Handle | None = None
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._write())
 
     @property
@@ -87,7 +88,7 @@ class Outbox:
         elif self._flush_at is None:
             # Written once this loop iteration's callbacks have run: a position's events queue together and go out
             # in one write, without waking the writer task (which only waits out a full transport buffer).
-            self._flush_at = asyncio.get_running_loop().call_soon(self._flush)
+            self._flush_at = self._loop.call_soon(self._flush)
         return True
 
     def _flush(self) -> None:
@@ -151,7 +152,7 @@ class Outbox:
 
     async def _write(self) -> None:
         ws = self.websocket
-        direct, trace = self._direct, self._trace
+        direct = self._direct
         try:
             while True:
                 if not self._queue:
@@ -163,10 +164,10 @@ class Outbox:
                     await self._wake.wait()
                     continue
                 if direct is not None:
-                    if not direct.writable.is_set():
-                        await direct.writable.wait()  # the transport's buffer is above its high-water mark
-                        continue  # the queue may have changed meanwhile
-                    self._write_batch(direct, trace)
+                    await direct.writable.wait()  # the transport's buffer is above its high-water mark
+                    self._flush()  # what is queued now, in as few writes as the transport takes
+                    if self.gone:
+                        return
                     continue
                 entry = self._queue[0]
                 await ws.send_text(entry[0])

@@ -97,8 +97,7 @@ class DirectReader:
         att = self.att
         try:
             if not self.held and att.reads_open.is_set():
-                if att.socket is not self.websocket or att.shell is None:
-                    self.done.set_result(None)
+                if self._replaced():
                     return
                 if att.shell.offer_nowait(data) is not None:
                     return
@@ -119,15 +118,21 @@ class DirectReader:
             while self.held:
                 if not att.reads_open.is_set():
                     await att.reads_open.wait()
-                if att.socket is not self.websocket or att.shell is None:
-                    if not self.done.done():
-                        self.done.set_result(None)
+                if self._replaced():
                     return
                 await att.shell.offer(self.held[0])
                 self.held.popleft()
         finally:
             self._drainer = None
         self._resume_reading()
+
+    def _replaced(self) -> bool:
+        """This socket is no longer the session's (a resume took over, or the session is gone): reading ends."""
+        if self.att.socket is self.websocket and self.att.shell is not None:
+            return False
+        if not self.done.done():
+            self.done.set_result(None)
+        return True
 
     def _resume_reading(self) -> None:
         self._paused = False
