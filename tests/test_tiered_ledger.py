@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -317,3 +318,32 @@ def test_invariants_with_at_most_one_truncation(policy, before, cut, after, with
 @given(policy=st.sampled_from(["commit_all_on_done", "ack_only"]), ops=st.lists(ANY_OP, max_size=25))
 def test_invariants_with_any_truncations(policy, ops):
     run_and_check(policy, ops)
+
+
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(0, 50)), max_size=30), st.lists(st.integers(-5, 13_000)))
+def test_text_chars_at_is_the_last_mark_ending_by_t(sends, probes):
+    """The lookup (a bisection over the marks' ends) against the definition: scan the marks in order."""
+    led = PlaybackLedger("resp_s")
+    for ms, chars in sends:
+        led.sent(ms, chars)
+    ends = [m.audio_end_ms for m in led.marks]
+    for t in probes + ends + [e - 1 for e in ends] + [e + 1 for e in ends]:
+        chars = 0
+        for mark in led.marks:
+            if mark.audio_end_ms > t:
+                break
+            chars = mark.text_chars
+        assert led.text_chars_at(t) == chars
+
+
+def test_marks_are_no_objects_for_the_cycle_collector():
+    """A session keeps its responses' ledgers: one tracked object per audio delta would lengthen every full
+    collection of a busy server (the tiered over-budget steps of issue 18)."""
+    led = PlaybackLedger("resp_gc")
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(2000):
+        led.sent(80, i)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50
+    assert led.text_chars_at(80 * 1000) == 999

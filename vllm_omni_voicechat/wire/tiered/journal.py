@@ -73,7 +73,9 @@ class Journal:
         self.dropped_through = 0
         """Every seq at or below this is gone (acknowledged or aged out)."""
         self.overflowed = False
-        self._entries: deque[Entry] = deque()
+        # Plain (seq, at, size, text) tuples, not Entry records: a tuple of atoms drops out of the cycle collector's
+        # sight, so the thousands retained per session do not lengthen every full collection (~0.5 µs an object).
+        self._entries: deque[tuple[int, float, int, str]] = deque()
         self._bytes = 0
 
     @property
@@ -82,6 +84,10 @@ class Journal:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def entries(self) -> tuple[Entry, ...]:
+        """What is retained, oldest first."""
+        return tuple(Entry(*e) for e in self._entries)
 
     def record(self, event: dict[str, Any], now: float, *,
                encode: Callable[[dict[str, Any]], str] = compact_json) -> Recorded:
@@ -96,22 +102,22 @@ class Journal:
             # Sticky: a resume can no longer be complete, so the client is told once, live, and events flow on.
             self.overflowed = True
             return Recorded(text, self.head, overflow_notice=True)
-        self._entries.append(Entry(self.head, now, size, text))
+        self._entries.append((self.head, now, size, text))
         self._bytes += size
         return Recorded(text, self.head)
 
     def acknowledge(self, seq: Any) -> None:
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or seq > self.head:
             raise InvalidAck(f"event ack {seq!r} is outside 0..{self.head}")
-        while self._entries and self._entries[0].seq <= seq:
-            self._bytes -= self._entries.popleft().size
+        while self._entries and self._entries[0][0] <= seq:
+            self._bytes -= self._entries.popleft()[2]
         self.dropped_through = max(self.dropped_through, seq)
 
     def prune(self, now: float) -> None:
-        while self._entries and now - self._entries[0].at > self.ttl_s:
-            entry = self._entries.popleft()
-            self._bytes -= entry.size
-            self.dropped_through = max(self.dropped_through, entry.seq)
+        while self._entries and now - self._entries[0][1] > self.ttl_s:
+            seq, _, size, _ = self._entries.popleft()
+            self._bytes -= size
+            self.dropped_through = max(self.dropped_through, seq)
 
     def replay_after(self, seq: int, now: float) -> Replay | ResyncRequired | ReplayConflict:
         self.prune(now)
@@ -121,7 +127,7 @@ class Journal:
             return ResyncRequired("journal_overflow")
         if seq < self.dropped_through:
             return ResyncRequired("journal_gap")
-        return Replay(tuple(e for e in self._entries if e.seq > seq))
+        return Replay(tuple(Entry(*e) for e in self._entries if e[0] > seq))
 
 
 class ResumeCredential:

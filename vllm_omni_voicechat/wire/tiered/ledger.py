@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,7 +43,15 @@ class PlaybackLedger:
     hard_cap: int | None = None
     """Set by a truncation: history never again extends past it."""
     done: bool = False
-    marks: list[AudioTextMark] = field(default_factory=list)
+    # The marks as two lists of ints, not AudioTextMark records: no object per audio delta for the cycle collector
+    # to walk in every full collection (a session keeps its responses' ledgers).
+    _mark_chars: list[int] = field(default_factory=list, init=False, repr=False)
+    _mark_ends: list[int] = field(default_factory=list, init=False, repr=False)
+
+    @property
+    def marks(self) -> list[AudioTextMark]:
+        """After each audio delta sent: the transcript length and the audio sent so far."""
+        return [AudioTextMark(c, e) for c, e in zip(self._mark_chars, self._mark_ends)]
 
     # --- production side ------------------------------------------------------------------------------------
 
@@ -51,7 +60,8 @@ class PlaybackLedger:
 
     def sent(self, ms: int, transcript_chars: int) -> None:
         self.sent_ms += ms
-        self.marks.append(AudioTextMark(transcript_chars, self.sent_ms))
+        self._mark_chars.append(transcript_chars)
+        self._mark_ends.append(self.sent_ms)
 
     def finish(self, completed: bool) -> None:
         """The response ended: ``commit_all_on_done`` commits everything sent (up to a truncation cap)."""
@@ -85,12 +95,8 @@ class PlaybackLedger:
 
     def text_chars_at(self, ms: int) -> int:
         """Transcript characters heard by ``ms``: the last mark whose audio ended by then (exact to a position)."""
-        chars = 0
-        for mark in self.marks:
-            if mark.audio_end_ms > ms:
-                break
-            chars = mark.text_chars
-        return chars
+        i = bisect_right(self._mark_ends, ms)  # the ends never decrease (sent_ms only grows)
+        return self._mark_chars[i - 1] if i else 0
 
     @property
     def unplayed(self) -> bool:
