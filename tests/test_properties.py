@@ -12,6 +12,7 @@ random-interleaving checker excuses exactly those patterns (see ``_Checker``) so
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES, FrameAssembler
+from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES, OUTPUT_FRAME_BYTES, FrameAssembler, dbfs
 from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.model.port import SessionPrompt, ToolSpec
 from vllm_omni_voicechat.session.commands import (
@@ -133,6 +134,18 @@ def test_frame_reassembly(data_chunks, use_pad):
 
 
 @settings(max_examples=100, deadline=None)
+@given(st.sampled_from([2, INPUT_FRAME_BYTES, OUTPUT_FRAME_BYTES, INPUT_FRAME_BYTES + 2]), st.data())
+def test_dbfs_is_the_rms_level_and_zero_frames_are_minus_infinity(size, data):
+    """The level of any PCM16 chunk; the all-zero frames (a memcmp, no maths) and any digital silence: -inf."""
+    samples = data.draw(st.lists(st.sampled_from([0, 0, 0, 1, -1, 32767, -32768, 1000]), min_size=size // 2,
+                                 max_size=size // 2))
+    pcm = np.asarray(samples, dtype="<i2").tobytes()
+    ms = sum(v * v for v in samples) / len(samples)
+    expect = -math.inf if ms == 0 else 10 * math.log10(ms / 32768**2)
+    assert dbfs(pcm) == pytest.approx(expect)
+    assert dbfs(bytes(size)) == -math.inf and dbfs(b"") == -math.inf
+
+
 @given(st.binary(max_size=3 * FB), st.integers(0, FB).map(lambda n: 2 * n + 1))
 def test_frame_assembler_rejects_odd_chunks(prefix, odd_len):
     asm = FrameAssembler()

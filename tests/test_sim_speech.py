@@ -477,6 +477,22 @@ def test_quiet_fast_path_is_taken_for_quiet_frames_only():
     assert calls == [1]  # speech is processed in full
 
 
+def test_digital_silence_skips_even_the_quiet_check():
+    """All-zero frames (pauses, synthetic positions) after an "off" window: no envelope, no level check, and the
+    same steps as the full path, also when the silence follows a word and ends it."""
+    decoder = SpeechDecoder(IN_SR)
+    calls = []
+    real_silent, real_quiet = decoder._silent_chunk, decoder._quiet
+    decoder._silent_chunk = lambda *a: calls.append("silent") or real_silent(*a)
+    decoder._quiet = lambda *a: calls.append("quiet") or real_quiet(*a)
+    decoder.feed(bytes(2_560))
+    assert calls == ["silent"]
+    pcm = render_speech("hi there", IN_SR) + bytes(2_560 * 12)
+    chunks = [2_560]
+    assert _decode_steps(pcm, chunks, fast=True) == _decode_steps(pcm, chunks, fast=False)
+    assert "".join(p for pieces, _ in _decode_steps(pcm, chunks, fast=True) for p in pieces) == "hi there"
+
+
 def test_quiet_fast_path_counts_the_previous_chunks_tail():
     """A window straddling two chunks: a loud last sample (its own window is off) plus a next chunk just below
     the threshold is on, though neither chunk's own level says so."""

@@ -20,7 +20,7 @@ SILENT_OUTPUT_FRAME = bytes(OUTPUT_FRAME_BYTES)
 
 def dbfs(pcm16: bytes) -> float:
     """RMS level of little-endian PCM16 in dB relative to full scale (-inf for digital silence)."""
-    if not pcm16 or pcm16 is SILENT_OUTPUT_FRAME or pcm16 is SILENT_INPUT_FRAME:  # the shared zero frames: no maths
+    if not pcm16 or pcm16 == SILENT_INPUT_FRAME or pcm16 == SILENT_OUTPUT_FRAME:  # zero frames: a memcmp, no maths
         return -math.inf
     x = np.frombuffer(pcm16, dtype="<i2").astype(np.float64)
     ms = float(np.dot(x, x)) / x.size

@@ -212,6 +212,9 @@ class _RateParams:
         self.win_len = win
         self.win_range = np.arange(win)
         self.keep = self.max_run + 2 * m + win + 64
+        self.zero_tail = np.zeros(m, dtype=np.int64)  # shared by every decoder after digital silence
+        self.zero_keep = np.zeros(self.keep, dtype=np.int16)
+        self.zero_tail.flags.writeable = self.zero_keep.flags.writeable = False
         w = np.hanning(win + 2)[1:-1]  # strictly positive Hann
         n = np.arange(win, dtype=np.float64)
         freqs = np.asarray(HIGH_NIBBLE_HZ + LOW_NIBBLE_HZ)
@@ -249,6 +252,11 @@ def _analyse(p: _RateParams, segs: np.ndarray) -> list[int]:
         else:
             values.append(-1)
     return values
+
+
+@lru_cache(maxsize=8)
+def _zero_bytes(n: int) -> bytes:
+    return bytes(n)
 
 
 def _pcm16(pcm16: bytes) -> np.ndarray:
@@ -333,15 +341,15 @@ class SpeechDecoder:
         if not data:
             return _EMPTY_STEP
         out: list[str] = []
-        energetic = self._process(_pcm16(data), out)
-        return DecodeStep(tuple(out), energetic)
+        energetic = self._process(_pcm16(data), out, silent=data == _zero_bytes(len(data)))  # a memcmp
+        return DecodeStep(tuple(out), energetic) if out or energetic else _EMPTY_STEP
 
     def flush(self) -> DecodeStep:
         """Emit everything pending, as if a long silence followed."""
         p = self._p
         out: list[str] = []
         self._byte_carry = b""
-        self._process(np.zeros(p.real_gap + p.eou + 2 * p.env_len + 1, dtype=np.int16), out)
+        self._process(np.zeros(p.real_gap + p.eou + 2 * p.env_len + 1, dtype=np.int16), out, silent=True)
         self._pending += self._utf8.decode(b"", final=True)
         self._utf8_partial = False
         self._emit_pending(out)
@@ -410,15 +418,21 @@ class SpeechDecoder:
 
     # -- signal ---------------------------------------------------------------------------------------
 
-    def _process(self, x: np.ndarray, out: list[str]) -> bool:
-        """Advance over int16 samples ``x``; append completed pieces to ``out``; return energetic."""
+    def _process(self, x: np.ndarray, out: list[str], silent: bool) -> bool:
+        """Advance over int16 samples ``x`` (``silent``: all zero); append completed pieces to ``out``; return
+        energetic."""
         p = self._p
         m = p.env_len
         n = x.size
         pos0 = self._pos
         pos_end = pos0 + n
-        if self.quiet_fast_path and not self._on and n >= m and self._quiet(x):
-            return self._quiet_chunk(x, out, pos_end)
+        if self.quiet_fast_path and not self._on and n >= m:
+            # Digital silence (pauses, synthetic positions: most frames of a conversation) after an "off" window:
+            # every window ending in it sums a suffix of that window's squares, so it is off too.
+            if silent:
+                return self._silent_chunk(x, out, pos_end)
+            if self._quiet(x):
+                return self._quiet_chunk(x, out, pos_end)
 
         # envelope: exact sum of squares over the last m samples (causal), thresholded
         ext = np.empty(m + n, dtype=np.int64)
@@ -530,13 +544,24 @@ class SpeechDecoder:
     def _quiet(self, x: np.ndarray) -> bool:
         """No envelope window ending in ``x`` can reach the threshold: each holds at most the previous chunk's
         last squares plus ``env_len`` of this chunk's peak square."""
-        p = self._p
         if self._tail_sum is None:
             self._tail_sum = int(self._sq_tail.sum())
-        if not x.any():  # digital silence (muted or synthetic input): one reduction, not two
-            return self._tail_sum < p.thr_sum
         peak = max(int(x.max()), -int(x.min()))
-        return self._tail_sum + p.env_len * peak * peak < p.thr_sum
+        return self._tail_sum + self._p.env_len * peak * peak < self._p.thr_sum
+
+    def _silent_chunk(self, x: np.ndarray, out: list[str], pos_end: int) -> bool:
+        """:meth:`_quiet_chunk` for all-zero samples: the new tail squares are zeros and so are the kept samples
+        when the chunk is at least as long as what is kept (shared arrays: nothing writes these in place)."""
+        p = self._p
+        if x.size < p.keep:
+            return self._quiet_chunk(x, out, pos_end)
+        self._sq_tail = p.zero_tail
+        self._tail_sum = 0
+        self._emit_quiet(out, pos_end)
+        self._pos = pos_end
+        self._buf = p.zero_keep
+        self._buf_start = pos_end - p.keep
+        return False
 
     def _quiet_chunk(self, x: np.ndarray, out: list[str], pos_end: int) -> bool:
         """What :meth:`_process` does for a chunk that is "off" throughout after an "off" one (no runs start
@@ -547,15 +572,20 @@ class SpeechDecoder:
         tail *= tail
         self._sq_tail = tail
         self._tail_sum = None
-        if self._pending and pos_end - self._last_sym_end >= p.eou:
-            self._emit_pending(out)
-        if self._real_start is not None and pos_end - self._real_end >= p.real_gap:
-            self._close_region(out)
+        self._emit_quiet(out, pos_end)
         if self._buf.size:
             self._keep(x, np.concatenate((self._buf, x)), self._buf_start, pos_end)
         else:
             self._keep(x, x, self._pos, pos_end)
         return False
+
+    def _emit_quiet(self, out: list[str], pos_end: int) -> None:
+        """What silence up to ``pos_end`` completes: a word after its end-of-utterance gap, a real-speech region."""
+        p = self._p
+        if self._pending and pos_end - self._last_sym_end >= p.eou:
+            self._emit_pending(out)
+        if self._real_start is not None and pos_end - self._real_end >= p.real_gap:
+            self._close_region(out)
 
 
 def decode_speech(pcm16: bytes, sample_rate: int = 22050) -> str:
