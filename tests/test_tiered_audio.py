@@ -6,6 +6,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_omni_voicechat.audio.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from vllm_omni_voicechat.audio.speech import decode_speech, render_speech, render_token_audio
@@ -285,3 +287,17 @@ def test_client_f32_48k_input_to_16k_decodes():
     pcm = np.frombuffer(render_speech(text, 48000), dtype="<i2").astype("<f4") / 32767
     pcm16k = _convert(InputConverter("audio/pcm_f32le", 48000), pcm.tobytes())
     assert decode_speech(pcm16k, 16000) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(width=32), st.floats(-1.5, 1.5, width=32),
+                          st.integers(-32768, 32767).map(lambda v: v / 32767 + 0.5 / 32767)), max_size=64))
+def test_f32_samples_convert_as_defined(values):
+    """NaN -> 0, then clip to [-1, 1], scale by 32767 and round half to even, for any float32 (inf, huge, tiny,
+    exact halves between two int16 steps) in one chunk."""
+    x = np.asarray(values, dtype="<f4")
+    ref = x.astype(np.float64)
+    ref[np.isnan(ref)] = 0.0
+    expect = np.round(np.clip(ref, -1.0, 1.0) * 32767.0).astype(np.int16).tolist()
+    out = np.frombuffer(InputConverter("pcm_f32le", 16000).feed(x.tobytes()), dtype="<i2").tolist()
+    assert out == expect
