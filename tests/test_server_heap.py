@@ -3,6 +3,10 @@ after the last; one timer at a time, and nothing at all when the server does not
 
 from __future__ import annotations
 
+import gc
+
+import pytest
+
 from vllm_omni_voicechat.server.heap import Heap
 
 
@@ -37,6 +41,50 @@ def test_an_end_an_interval_after_the_last_collection_collects_next():
 def test_an_unmanaged_heap_does_nothing():
     calls: list[int] = []
     heap = Heap(managed=False, collect=lambda: calls.append(1))
-    heap.started()
+    heap.started(0.0)
     assert [heap.session_ended(t) for t in (0.0, 0.1, 5.0)] == [None, None, None]
     assert calls == [] and heap.collections == 0
+
+
+@pytest.fixture
+def own_heap():
+    """started() freezes this process's heap and changes its thresholds: put both back afterwards."""
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
+    gc.unfreeze()
+
+
+def test_a_started_server_runs_full_collections_only_when_asked(own_heap):
+    """Young collections go on; the collector's own full collections (a pause that walks every live session) do
+    not happen however many long-lived objects pile up."""
+    heap, calls = make()
+    heap.started(100.0)
+    generations: list[int] = []
+
+    def seen(phase, info):
+        if phase == "stop":
+            generations.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        kept = [[i] for i in range(300_000)]  # long-lived containers, promoted generation by generation
+    finally:
+        gc.callbacks.remove(seen)
+    assert len(kept) == 300_000
+    assert 0 in generations and 1 in generations
+    assert 2 not in generations
+    assert calls == []  # started() collects with gc itself; the injected collect is the sessions' and backstop's
+
+
+def test_the_backstop_collects_once_the_last_full_collection_is_old(own_heap):
+    heap = Heap(managed=True, interval_s=2.0, backstop_s=600.0, collect=lambda: calls.append(1))
+    calls: list[int] = []
+    heap.started(100.0)
+    assert heap.backstop(100.0) == 600.0 and calls == []
+    assert heap.backstop(400.0) == 300.0 and calls == []
+    heap.session_ended(500.0)
+    heap.collect_due(500.0)  # a session's end collected: the backstop counts from there
+    assert heap.backstop(1_000.0) == 100.0 and calls == [1]
+    assert heap.backstop(1_100.0) == 600.0 and calls == [1, 1]
+    assert Heap(managed=False).backstop(0.0) is None

@@ -546,10 +546,21 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
             server.record_warmup(await asyncio.get_running_loop().run_in_executor(
                 None, warm_up, server.config.model_factory(), server.config.warmup_positions
             ))
-        server.heap.started()
+        loop = asyncio.get_running_loop()
+        server.heap.started(time.monotonic())
+        backstop: asyncio.TimerHandle | None = None
+
+        def check_heap() -> None:
+            nonlocal backstop
+            delay = server.heap.backstop(time.monotonic())
+            backstop = loop.call_later(delay, check_heap) if delay is not None else None
+
+        check_heap()
         if on_ready is not None:
             on_ready()
         yield
+        if backstop is not None:
+            backstop.cancel()
         server.model_pool.shutdown(wait=False, cancel_futures=True)
 
     keys = server.config.api_keys
