@@ -6,6 +6,8 @@ batched writes through the real server."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import json
 
 import pytest
@@ -14,10 +16,12 @@ from uvicorn.server import ServerState
 from websockets.client import ClientProtocol
 from websockets.frames import Opcode
 from websockets.http11 import Response
+from websockets.sync.client import connect
 from websockets.uri import parse_uri
 
 from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.server import ServerConfig
+from vllm_omni_voicechat.server.inprocess import InProcessServer
 from vllm_omni_voicechat.server.uvicorn import READ_AHEAD_MESSAGES, AbortableWebSockets
 
 from .server_fixture import running_app
@@ -95,6 +99,53 @@ def test_several_texts_go_out_in_one_transport_write():
         with pytest.raises(ConnectionError):
             protocol.write_texts(['{"type":"d"}'])
         assert len(transport.writes) == 1
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("sizes", [[0, 1, 125], [126, 127, 65_535], [65_536, 70_000], [125, 126, 65_535, 65_536]])
+def test_every_length_class_is_framed_as_websockets_frames_it(sizes):
+    """The framing of our one write (the 7-bit, 16-bit and 64-bit lengths of RFC 6455 §5.2) is byte for byte what
+    websockets' own send_text writes, and the client reads back every text; UTF-8 counts in bytes."""
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        texts = ["é" * (n // 2) + "x" * (n % 2) for n in sizes]
+        protocol.write_texts(texts)
+        ours = transport.writes.pop()
+        conn = protocol.conn
+        for text in texts:
+            conn.send_text(text.encode())
+        assert ours == b"".join(conn.data_to_send())
+        assert _frames(client, ours) == texts
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+
+
+def test_what_websockets_queued_goes_first_and_extensions_take_its_own_path():
+    """A pong websockets queued for a ping leaves before the texts, in the same write; with an extension
+    negotiated every frame goes through websockets."""
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        client.send_ping(b"p")
+        protocol.conn.receive_data(b"".join(client.data_to_send()))  # websockets queues the pong; nothing sent yet
+        protocol.conn.events_received()
+        protocol.write_texts(['{"type":"a"}'])
+        client.receive_data(transport.writes.pop())
+        assert [(f.opcode, bytes(f.data)) for f in client.events_received()] == [
+            (Opcode.PONG, b"p"), (Opcode.TEXT, b'{"type":"a"}')]
+
+        class Tagging:  # an extension that marks every frame it encodes
+            name = "x-tag"
+
+            def encode(self, frame):
+                return dataclasses.replace(frame, data=b"tagged:" + bytes(frame.data))
+
+        protocol.conn.extensions = [Tagging()]
+        protocol.write_texts(['{"type":"b"}'])
+        assert transport.writes.pop().endswith(b'tagged:{"type":"b"}')
+        protocol.conn.extensions = []
         protocol.connection_lost(None)
 
     asyncio.run(scenario())
@@ -289,3 +340,25 @@ def test_frames_go_straight_to_the_session_and_wait_with_reading_paused_when_it_
         protocol.connection_lost(None)
 
     asyncio.run(scenario())
+
+
+def test_with_permessage_deflate_asked_for_a_session_talks_compressed():
+    """The opt-in (``--ws-compression``): a client that offers permessage-deflate gets it, and every event of a
+    spoken turn reaches it through websockets' own (compressing) framing."""
+    with InProcessServer(ServerConfig.simulator(), ws_per_message_deflate=True) as server:
+        with connect(server.url + "/v1/realtime", compression="deflate", open_timeout=10, proxy=None) as ws:
+            assert [e.name for e in ws.protocol.extensions] == ["permessage-deflate"]
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+            ws.send(json.dumps({"type": "session.update", "event_id": "u1",
+                                "session": {"protocol_version": 3, "instructions": "Be brief."}}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.updated"
+            pcm = render_speech("hello", 16_000)
+            pcm += bytes(-len(pcm) % 2560) + bytes(2560 * 8)
+            for i in range(0, len(pcm), 2560):
+                ws.send(json.dumps({"type": "input_audio_buffer.append", "event_id": f"a{i}", "encoding": "pcm16",
+                                    "sample_rate": 16000, "channels": 1,
+                                    "audio": base64.b64encode(pcm[i:i + 2560]).decode()}))
+            types = []
+            while "voicechat.metrics" not in types or len(types) < 4:
+                types.append(json.loads(ws.recv(timeout=10))["type"])
+            assert "voicechat.metrics" in types
