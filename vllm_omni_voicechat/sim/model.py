@@ -236,11 +236,13 @@ class SimulatorModel:
             fn_token, tool_call = self._function_step()
         fn_state = self._function_state(fn_token)
 
-        phase = {
-            _Phase.LISTENING: BoundaryPhase.IDLE,
-            _Phase.RESPONDING: BoundaryPhase.RESPONDING,
-            _Phase.TAIL: BoundaryPhase.TAIL_DRAINING,
-        }[self._phase]
+        state = self._phase  # identity tests: an Enum member hashes (a dict lookup) and gives .value in Python
+        if state is _Phase.LISTENING:
+            phase = BoundaryPhase.IDLE
+        elif state is _Phase.RESPONDING:
+            phase = BoundaryPhase.RESPONDING
+        else:
+            phase = BoundaryPhase.TAIL_DRAINING
         if ended:
             phase = BoundaryPhase.COMPLETE
         if agent.control is AgentControl.AGENT_EOS and self.behaviour.tail_positions <= 0:
