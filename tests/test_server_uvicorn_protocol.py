@@ -12,10 +12,13 @@ import json
 
 import pytest
 import uvicorn
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from uvicorn.server import ServerState
 from websockets.client import ClientProtocol
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
+from websockets.protocol import State
 from websockets.sync.client import connect
 from websockets.uri import parse_uri
 
@@ -54,7 +57,8 @@ class RecordingTransport(asyncio.Transport):
         return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
 
 
-async def _connected() -> tuple[AbortableWebSockets, RecordingTransport, ClientProtocol]:
+async def _connected(*, max_size: int | None = None, pipelined: bytes = b""
+                     ) -> tuple[AbortableWebSockets, RecordingTransport, ClientProtocol]:
     accepted = asyncio.Event()
 
     async def accepting_app(scope, receive, send) -> None:
@@ -63,14 +67,15 @@ async def _connected() -> tuple[AbortableWebSockets, RecordingTransport, ClientP
         accepted.set()
         await asyncio.Event().wait()  # never reads: the test plays the app's receive itself
 
-    config = uvicorn.Config(accepting_app, ws=AbortableWebSockets, log_level="warning")
+    config = uvicorn.Config(accepting_app, ws=AbortableWebSockets, log_level="warning",
+                            **({"ws_max_size": max_size} if max_size else {}))
     config.load()
     protocol = AbortableWebSockets(config, ServerState(), {}, _loop=asyncio.get_running_loop())
     transport = RecordingTransport()
     protocol.connection_made(transport)
     client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/v1/realtime"))
     client.send_request(client.connect())
-    protocol.data_received(b"".join(client.data_to_send()))
+    protocol.data_received(b"".join(client.data_to_send()) + pipelined)
     await asyncio.wait_for(accepted.wait(), 10)  # the app's task took the connect message and accepted
     client.receive_data(transport.writes.pop())
     assert isinstance(client.events_received()[0], Response)
@@ -362,3 +367,117 @@ def test_with_permessage_deflate_asked_for_a_session_talks_compressed():
             while "voicechat.metrics" not in types or len(types) < 4:
                 types.append(json.loads(ws.recv(timeout=10))["type"])
             assert "voicechat.metrics" in types
+
+
+# --- inbound framing: ours against websockets' parser -------------------------------------------------------------
+
+def _client_frames(ops: list[tuple], close: bool = False) -> tuple[bytes, list[int]]:
+    """A client's wire bytes for ``ops`` (masked, as clients send) and where our framing reads one frame at a time."""
+    client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/v1/realtime"), max_size=None)
+    client.send_request(client.connect())
+    client.data_to_send()
+    client.state = State.OPEN
+    frames: list[bytes] = []
+    for op in ops:
+        frames += client.data_to_send()
+        kind = op[0]
+        if kind == "text":
+            client.send_text(op[1].encode())
+        elif kind == "binary":
+            client.send_binary(op[1])
+        elif kind == "fragments":  # a text message in pieces, a ping between the first two
+            pieces = op[1]
+            client.send_text(pieces[0].encode(), fin=len(pieces) == 1)
+            for i, piece in enumerate(pieces[1:], 1):
+                if i == 1:
+                    client.send_ping(b"mid")
+                client.send_continuation(piece.encode(), fin=i == len(pieces) - 1)
+        elif kind == "ping":
+            client.send_ping(op[1])
+        elif kind == "bad_utf8":
+            client.send_frame(Frame(Opcode.TEXT, b"\xff\xfe"))
+        elif kind == "text_inside_fragments":  # a protocol error: a new message before the last one's end
+            client.send_frame(Frame(Opcode.TEXT, b"fir", fin=False))
+            client.send_frame(Frame(Opcode.TEXT, b"second"))
+        elif kind == "unmasked":  # a protocol error from a client
+            frames.append(b"\x81\x02hi")
+    if close:
+        client.send_close(1000, "bye")
+    frames += client.data_to_send()  # one bytes object a frame
+    # Frames are read one at a time until the first that is not a whole masked text, binary or control frame (a
+    # fragment, an unmasked frame): from its start websockets gets the reads as they come.
+    ends = [0]
+    for f in frames:
+        if f[0] not in (0x81, 0x82, 0x88, 0x89, 0x8A) or not f[1] & 0x80:
+            break
+        ends.append(ends[-1] + len(f))
+    return b"".join(frames), ends
+
+
+async def _served(stream: bytes, cuts: list[int], ours: bool, max_size: int | None = None):
+    """What the app and the wire see when ``stream`` arrives cut at ``cuts``: messages taken by the receiver, ASGI
+    events queued, bytes written back."""
+    protocol, transport, _ = await _connected(max_size=max_size)
+    if not ours:
+        protocol._frames = None  # websockets reads everything, as without our framing
+    taken: list = []
+    protocol.receiver = taken.append
+    edges = [0] + sorted(c for c in set(cuts) if 0 < c < len(stream)) + [len(stream)]
+    for a, b in zip(edges, edges[1:]):
+        try:
+            protocol.data_received(stream[a:b])
+        except Exception as exc:  # uvicorn's own: invalid UTF-8 and a close in one read (InvalidState)
+            taken.append(("raised", type(exc).__name__))
+            break
+    queued = []
+    while not protocol.queue.empty() and not (queued and queued[-1]["type"] == "websocket.disconnect"):
+        queued.append(protocol.queue.get_nowait())  # up to the first disconnect: uvicorn repeats it per later read
+    written = b"".join(transport.writes)
+    protocol.connection_lost(None)
+    return taken, queued, written
+
+
+TEXTS = st.text(max_size=40) | st.sampled_from(["x" * 125, "y" * 126, "é" * 40_000, "z" * 70_000])
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("text"), TEXTS),
+    st.tuples(st.just("binary"), st.binary(max_size=300)),
+    st.tuples(st.just("fragments"), st.lists(st.text(max_size=10), min_size=1, max_size=4)),
+    st.tuples(st.just("ping"), st.binary(max_size=10)),
+    st.tuples(st.just("bad_utf8")),
+    st.tuples(st.just("text_inside_fragments")),
+    st.tuples(st.just("unmasked")),
+), max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS, close=st.booleans(), cuts=st.lists(st.integers(0, 200_000), max_size=12), data=st.data())
+def test_our_framing_delivers_what_websockets_parser_delivers(ops, close, cuts, data):
+    """Any mix of texts (the 7/16/64-bit length classes), binaries, fragmented messages with a ping inside, pings,
+    invalid UTF-8, protocol errors (a message inside a fragmented one, an unmasked frame) and a close, cut anywhere:
+    the receiver takes the same messages in the same order, the same ASGI events are queued (up to the first
+    disconnect) and the same bytes go back (pongs, close replies) as when websockets parses it all, read a frame at
+    a time up to the first fragment or malformed frame (ours hands websockets whole frames one by one: what uvicorn
+    does between two frames of one read, it does as after two reads), as read from there."""
+    stream, ends = _client_frames(ops, close)
+    cuts = cuts + data.draw(st.lists(st.integers(0, len(stream)), max_size=6))
+    assert asyncio.run(_served(stream, cuts, ours=True)) == asyncio.run(_served(stream, cuts + ends, ours=False))
+
+
+@pytest.mark.parametrize("limit,size", [(1_000, 2_000), (100, 120)])  # a 16-bit and a 7-bit length over the limit
+def test_a_frame_over_the_size_limit_is_websockets_to_refuse(limit, size):
+    """A header announcing more than the limit hands everything to websockets, which closes with 1009."""
+    stream, ends = _client_frames([("text", "ok"), ("text", "x" * size), ("text", "after")])
+    ours = asyncio.run(_served(stream, [5, 30], ours=True, max_size=limit))
+    assert ours == asyncio.run(_served(stream, [5, 30] + ends[:2], ours=False, max_size=limit))  # "ok" alone
+    taken, _, written = ours
+    assert taken == ["ok"] and written[0] == 0x88 and written[2:4] == (1009).to_bytes(2, "big")  # close, 1009
+
+
+def test_bytes_after_the_opening_request_leave_every_frame_to_websockets():
+    """A client that sends frames before it has the 101 (pipelined with the request): no framing of ours."""
+    async def scenario() -> None:
+        protocol, transport, _ = await _connected(pipelined=b"\x81\x80\x00\x00\x00\x00")  # an empty masked text
+        assert protocol._frames is None
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
