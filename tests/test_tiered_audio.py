@@ -301,3 +301,15 @@ def test_f32_samples_convert_as_defined(values):
     expect = np.round(np.clip(ref, -1.0, 1.0) * 32767.0).astype(np.int16).tolist()
     out = np.frombuffer(InputConverter("pcm_f32le", 16000).feed(x.tobytes()), dtype="<i2").tolist()
     assert out == expect
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(["pcm16", "pcm_f32le"]), st.integers(0, 40), st.booleans(), st.data())
+def test_16k_input_shortcuts_give_what_the_decoder_gives(fmt, samples, silent, data):
+    """At the model's rate nothing is resampled: PCM16 passes as it is, float32 silence (zero bytes) becomes zero
+    samples without float maths; both exactly what decoding gives."""
+    width = 2 if fmt == "pcm16" else 4
+    chunk = bytes(samples * width) if silent else data.draw(st.binary(min_size=samples * width,
+                                                                        max_size=samples * width))
+    conv = InputConverter(fmt, 16000)
+    assert conv.feed(chunk) == conv.decode(chunk).astype("<i2").tobytes()

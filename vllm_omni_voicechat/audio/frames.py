@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -16,6 +17,12 @@ INPUT_FRAME_BYTES = INPUT_FRAME_SAMPLES * 2
 OUTPUT_FRAME_BYTES = OUTPUT_FRAME_SAMPLES * 2
 SILENT_INPUT_FRAME = bytes(INPUT_FRAME_BYTES)
 SILENT_OUTPUT_FRAME = bytes(OUTPUT_FRAME_BYTES)
+
+
+@lru_cache(maxsize=8)
+def zero_bytes(n: int) -> bytes:
+    """``n`` zero bytes, shared: comparing a chunk with it is one memcmp (digital silence, synthetic positions)."""
+    return bytes(n)
 
 
 def dbfs(pcm16: bytes) -> float:

@@ -70,6 +70,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .frames import zero_bytes
+
 __all__ = [
     "ANALYSIS_SECONDS",
     "END_OF_UTTERANCE_SECONDS",
@@ -254,11 +256,6 @@ def _analyse(p: _RateParams, segs: np.ndarray) -> list[int]:
     return values
 
 
-@lru_cache(maxsize=8)
-def _zero_bytes(n: int) -> bytes:
-    return bytes(n)
-
-
 def _pcm16(pcm16: bytes) -> np.ndarray:
     return np.frombuffer(pcm16, dtype="<i2")
 
@@ -341,7 +338,7 @@ class SpeechDecoder:
         if not data:
             return _EMPTY_STEP
         out: list[str] = []
-        energetic = self._process(_pcm16(data), out, silent=data == _zero_bytes(len(data)))  # a memcmp
+        energetic = self._process(_pcm16(data), out, silent=data == zero_bytes(len(data)))  # a memcmp
         return DecodeStep(tuple(out), energetic) if out or energetic else _EMPTY_STEP
 
     def flush(self) -> DecodeStep:

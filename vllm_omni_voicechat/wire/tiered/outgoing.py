@@ -44,8 +44,9 @@ class Outgoing:
         return next(self._ids)
 
     def stamp(self, event: WireEvent) -> WireEvent:
-        return {"type": event["type"], "event_id": f"event_{self.next_id()}",
-                **{k: v for k, v in event.items() if k != "type"}}
+        stamped = {"type": event["type"], "event_id": f"event_{self.next_id()}"}
+        stamped.update(event)  # type and event_id stay first (an existing key keeps its place)
+        return stamped
 
     def transport(self, event: WireEvent) -> Outbound:
         """A transport-level event: stamped, never journaled, no seq."""
