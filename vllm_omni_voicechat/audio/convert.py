@@ -47,15 +47,12 @@ def _new_stream(in_rate: int, out_rate: int) -> soxr.ResampleStream:
 
 def _resample(stream: soxr.ResampleStream, x: np.ndarray | None, last: bool = False) -> np.ndarray:
     """int16 samples through a float32 stream -> int16 samples (rounded, clipped)."""
-    if x is None:
-        f = _EMPTY_F32
-    else:
-        f = x.astype(np.float32)
-        f *= np.float32(1.0 / 32768.0)
+    f = _EMPTY_F32 if x is None else np.multiply(x, np.float32(1.0 / 32768.0), dtype=np.float32)
     y = stream.resample_chunk(f, last=last)
     y = y * np.float32(32768.0)  # a new array: soxr's output is not ours to write
     np.rint(y, out=y)
-    np.clip(y, -32768, 32767, out=y)
+    np.minimum(y, 32767.0, out=y)  # the ufuncs: np.clip's wrapper costs more than the clipping
+    np.maximum(y, -32768.0, out=y)
     return y.astype(np.int16)
 
 
@@ -141,7 +138,7 @@ class PcmEncoder:
 
     def _encode(self, x: np.ndarray) -> bytes:
         if self.format == PCM16:
-            return x.astype("<i2").tobytes()
+            return x.astype("<i2", copy=False).tobytes()
         if self.format == G711_ULAW:
             return ulaw_encode(x)
         return alaw_encode(x)
@@ -152,7 +149,7 @@ class PcmEncoder:
             self._carry, data = data[-1:], data[:-1]
         else:
             self._carry = b""
-        x = np.frombuffer(data, dtype="<i2").astype(np.int16)
+        x = np.frombuffer(data, dtype="<i2")  # read only: resampling and encoding make new arrays
         if self._stream is not None:
             if not x.size:
                 return b""
