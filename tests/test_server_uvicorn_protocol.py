@@ -25,7 +25,7 @@ from websockets.uri import parse_uri
 from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.server.inprocess import InProcessServer
-from vllm_omni_voicechat.server.uvicorn import READ_AHEAD_MESSAGES, AbortableWebSockets
+from vllm_omni_voicechat.server.uvicorn import READ_AHEAD_MESSAGES, AbortableWebSockets, protocol_for
 
 from .server_fixture import running_app
 from .test_v3_server import append, barrier, configured
@@ -479,5 +479,19 @@ def test_bytes_after_the_opening_request_leave_every_frame_to_websockets():
         protocol, transport, _ = await _connected(pipelined=b"\x81\x80\x00\x00\x00\x00")  # an empty masked text
         assert protocol._frames is None
         protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+
+
+def test_the_app_finds_a_live_connections_protocol_and_not_a_closed_ones():
+    async def scenario() -> None:
+        protocol, _, _ = await _connected()
+
+        class Socket:
+            scope = {"client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+
+        assert protocol_for(Socket()) is protocol
+        protocol.connection_lost(None)
+        assert protocol_for(Socket()) is None
 
     asyncio.run(scenario())

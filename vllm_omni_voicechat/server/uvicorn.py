@@ -134,6 +134,11 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
         view.release()
         super().data_received(rest)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.voicechat_key is not None:
+            _PROTOCOLS.pop(self.voicechat_key, None)
+        super().connection_lost(exc)
+
     def write_texts(self, texts: Sequence[str]) -> None:
         """Frame each text as a WebSocket message and hand them all to the transport in one write. Raises
         ``ConnectionError`` once the connection is closing or gone (websockets' ``InvalidState`` included)."""
