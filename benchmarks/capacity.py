@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -153,6 +154,7 @@ class Tally:
         self.function_outputs = 0
         self.max_slip_s = 0.0
         self.cpu_window_s = 0.0
+        self.gc_pauses: list[tuple[float, int, float]] = []  # (monotonic start, generation, ms) over 5 ms
 
     def to_json(self) -> dict:
         return dict(vars(self))
@@ -220,6 +222,7 @@ async def _session(url: str, dialect: str, index: int, spec: dict, tally: Tally,
                         if len(tally.late_examples) < 10:
                             ts = m.get("turn_state") or {}
                             tally.late_examples.append({"session": index, "transport_frame": m.get("transport_frame"),
+                                                        "at": round(now, 3),
                                                         "lag_ms": round(lag, 1), "late_ms": ts.get("late_ms"),
                                                         "function_cycle": ts.get("function_cycle"),
                                                         "turn_id": m.get("turn_id")})
@@ -290,6 +293,15 @@ def generator_main(spec: dict) -> dict:
     tally = Tally()
     cache = AppendCache(spec["dialect"])
     url = spec["url"]
+    started: list[float] = [0.0]
+
+    def gc_timer(phase: str, info: dict) -> None:  # this process's own collector pauses
+        if phase == "start":
+            started[0] = time.monotonic()
+        elif (ms := (time.monotonic() - started[0]) * 1000.0) > 5.0:
+            tally.gc_pauses.append((round(started[0], 3), info["generation"], round(ms, 1)))
+
+    gc.callbacks.append(gc_timer)
 
     async def main() -> None:
         async def cpu_at(when: float) -> float:
@@ -428,6 +440,7 @@ def _trial(server: Server, dialect: str, n: int, args: argparse.Namespace) -> di
         "input_to_metrics_lag": summarize_us([x * 1000 for x in lag]) if dialect == "v3" else None,
         "server_late_start_ms": _late_buckets(late_ms) if dialect == "v3" else None,
         "delivery_late_examples": [x for t in tallies for x in t.get("late_examples", [])][:10],
+        "client_gc_pauses": sorted(x for t in tallies for x in t.get("gc_pauses", []) if window_start <= x[0] < window_end),
         "loop_probe_rtt": summarize_us([x * 1000 for x in probe_ms]),
         "server_cpu_cores": round(cpu / elapsed, 3) if cpu is not None else None,
         "server_cpu_ms_per_session_frame": round(cpu * 1000 / session_frames, 4) if cpu is not None else None,
