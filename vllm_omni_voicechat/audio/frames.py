@@ -27,7 +27,7 @@ def zero_bytes(n: int) -> bytes:
 
 def dbfs(pcm16: bytes) -> float:
     """RMS level of little-endian PCM16 in dB relative to full scale (-inf for digital silence)."""
-    if not pcm16 or pcm16 == SILENT_INPUT_FRAME or pcm16 == SILENT_OUTPUT_FRAME:  # zero frames: a memcmp, no maths
+    if pcm16 == zero_bytes(len(pcm16)):  # digital silence (the empty chunk too): a memcmp, no maths
         return -math.inf
     x = np.frombuffer(pcm16, dtype="<i2").astype(np.float64)
     ms = float(np.dot(x, x)) / x.size

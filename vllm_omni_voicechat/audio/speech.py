@@ -516,10 +516,7 @@ class SpeechDecoder:
             if run_real:
                 self._real(out, run_start, pos_end)
         else:
-            if self._pending and pos_end - self._last_sym_end >= p.eou:
-                self._emit_pending(out)
-            if self._real_start is not None and pos_end - self._real_end >= p.real_gap:
-                self._close_region(out)
+            self._emit_quiet(out, pos_end)
 
         self._on = state_on
         self._run_start = run_start
