@@ -44,3 +44,20 @@ def test_clear_drops_the_preroll():
         g.offer(f)
     g.clear()
     assert g.force_open() == []
+
+
+def test_a_frame_is_ready_when_it_arrives_and_a_released_preroll_when_it_is_released():
+    g = InputGate(open_after=3)
+    held = [g.classify(SILENCE_FRAME, i, 1.0 + i) for i in range(3)]
+    assert [f.ready for f in held] == [1.0, 2.0, 3.0]
+    for f in held:
+        assert g.offer(f) is None
+    # The pre-roll could not run before the gate let it go: it is ready from the release, not from its arrival.
+    assert [(f.transport_frame, f.ready) for f in g.force_open(9.5)] == [(0, 9.5), (1, 9.5), (2, 9.5)]
+    loud = [g.classify(LOUD_NOISE_FRAME, i, 20.0 + i) for i in range(3, 6)]
+    assert g.offer(loud[0]) == [loud[0]]  # open: a frame is ready from its arrival
+
+    h = InputGate(open_after=2)
+    assert h.offer(h.classify(LOUD_NOISE_FRAME, 0, 4.0)) is None
+    opened = h.offer(h.classify(LOUD_NOISE_FRAME, 1, 4.08))  # the gate opens on its own at the second frame
+    assert [(f.transport_frame, f.ready) for f in opened] == [(0, 4.08), (1, 4.08)]

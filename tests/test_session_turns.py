@@ -5,6 +5,7 @@ from __future__ import annotations
 from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.model.port import ToolSpec
 from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn
+from vllm_omni_voicechat.ops.tally import SessionTally
 from vllm_omni_voicechat.session.events import Error, PositionMetrics, SessionClosed
 from vllm_omni_voicechat.sim.model import SimBehaviour
 
@@ -415,3 +416,37 @@ def test_audio_beyond_the_queued_input_bound_is_refused_whole_and_the_session_st
     events = d.run()
     assert not any(isinstance(e, (SessionClosed, Error)) for e in events)
     assert names(events)[-1] == "ResponseDone"
+
+
+def late_ms(events, kind: str) -> list[float]:
+    return [m.turn_state["late_ms"] for m in metrics(events, kind)]
+
+
+def test_a_microphone_frame_waiting_behind_other_positions_is_late_by_its_wait():
+    """A position is late by how long its frame could have run but did not (step queueing): the burst's frames
+    queue behind one another, 10 ms a step here."""
+    d = session(settlement_blank_frames=3)
+    d.send(StartTurn(1, "s1"))
+    d.run(advance_time=False)
+    d.clock.advance(5.0)
+    d.send(AppendAudio(LOUD_NOISE_FRAME * 6))
+    events = d.run(advance_time=False)
+    assert late_ms(events, "real") == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+    tally = SessionTally("v3", 0.0)
+    tally.observe_all(events, d.clock.now)
+    assert tally.late == 2  # 40 ms and more: the server's late positions
+
+
+def test_the_preroll_is_late_only_from_its_release_and_the_commit_padding_from_the_commit():
+    d = session(settlement_blank_frames=3)
+    d.send(AppendAudio(SILENCE_FRAME * 3))  # held by the closed gate: no position
+    assert metrics(d.run(advance_time=False), "real") == []
+    d.clock.advance(2.0)
+    d.send(StartTurn(1, "s1"))  # releases the pre-roll: ready now, not 2 s ago
+    events = d.run(advance_time=False)
+    assert late_ms(events, "real") == [0.0, 10.0, 20.0]
+    d.clock.advance(3.0)
+    d.send(AppendAudio(SILENCE_FRAME[:100]))
+    d.clock.advance(1.0)
+    d.send(CommitTurn(1, "c1"))  # the partial frame runs zero-padded: ready at the commit
+    assert late_ms(d.run(advance_time=False), "commit_tail_padding") == [0.0]

@@ -285,6 +285,8 @@ class SessionCore:
                 if self._plan is not None:
                     self._plan = plan
             due = self.runner.due_at(plan.kind, now)
+            if plan.ready is not None and plan.ready < due:
+                due = plan.ready  # a microphone frame is due from when it could run: its wait is lateness
             if due > now:
                 if functions.awaiting:
                     due = min(due, functions.cycle.deadline)  # type: ignore[union-attr]  # the tool wait fires on time
@@ -483,9 +485,9 @@ class SessionCore:
             work.popleft()
             match item:
                 case MicFrame():
-                    return procs.frame(PositionKind.REAL, item.pcm, item.transport_frame, item.loud)
+                    return procs.frame(PositionKind.REAL, item.pcm, item.transport_frame, item.loud, item.ready)
                 case TailPadding():
-                    return procs.frame(PositionKind.COMMIT_PADDING, item.pcm, item.transport_frame)
+                    return procs.frame(PositionKind.COMMIT_PADDING, item.pcm, item.transport_frame, ready=item.ready)
                 case EndInput():
                     return procs.end_input(item.command)
                 case Cancel():

@@ -20,6 +20,9 @@ class MicFrame:
     pcm: bytes
     transport_frame: int
     loud: bool
+    ready: float = 0.0
+    """When it could run: its arrival, or the gate's release for a pre-roll frame (a position starting >= 40 ms
+    after it is late: step queueing)."""
 
 
 class InputGate:
@@ -40,8 +43,8 @@ class InputGate:
         self._held: deque[MicFrame] = deque(maxlen=preroll_frames)
         self._loud_run = 0
 
-    def classify(self, pcm: bytes, transport_frame: int) -> MicFrame:
-        return MicFrame(pcm, transport_frame, dbfs(pcm) >= self.threshold_dbfs)
+    def classify(self, pcm: bytes, transport_frame: int, now: float = 0.0) -> MicFrame:
+        return MicFrame(pcm, transport_frame, dbfs(pcm) >= self.threshold_dbfs, now)
 
     def offer(self, frame: MicFrame) -> list[MicFrame] | None:
         """Pass a frame through: the frames to run now, or None when the gate held it."""
@@ -50,19 +53,19 @@ class InputGate:
         self._held.append(frame)
         self._loud_run = self._loud_run + 1 if frame.loud else 0
         if self._loud_run >= self.open_after:
-            return self.force_open()
+            return self.force_open(frame.ready)
         return None
 
-    def force_open(self) -> list[MicFrame]:
-        """Open the gate (a ``turn_start`` does this) and release the onset suffix of the pre-roll."""
+    def force_open(self, now: float = 0.0) -> list[MicFrame]:
+        """Open the gate (a ``turn_start`` does this) and release the onset suffix of the pre-roll, ready ``now``."""
         self.is_open = True
         held = list(self._held)
         self._held.clear()
         self._loud_run = 0
         first_loud = next((i for i, f in enumerate(held) if f.loud), None)
-        if first_loud is None:
-            return held
-        return held[max(0, first_loud - self.onset_context) :]
+        if first_loud is not None:
+            held = held[max(0, first_loud - self.onset_context) :]
+        return [MicFrame(f.pcm, f.transport_frame, f.loud, now) for f in held]
 
     def clear(self) -> None:
         """Drop the pre-roll (typed input accepted)."""

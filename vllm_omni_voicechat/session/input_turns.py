@@ -35,7 +35,7 @@ class InputTurns:
                             "audio refused (send in real time)", False, cmd.client_event_id,
                             {"max_queued_input_frames": limit}))
             return
-        for frame, preroll in core.microphone.push(cmd.pcm):
+        for frame, preroll in core.microphone.push(cmd.pcm, core.now):
             core.conversation.emit_gated_metrics(frame, preroll)
 
     def _runs(self, verdict: Verdict, ack: type[TurnStarted] | type[TurnCommitted],
@@ -64,14 +64,14 @@ class InputTurns:
         turn_id = core.conversation.new_turn_id()
         core.turns.start(cmd.client_turn_id, turn_id)
         core.work.append(OpenTurn(cmd, turn_id))
-        core.microphone.open()
+        core.microphone.open(core.now)
 
     def commit(self, cmd: CommitTurn) -> None:
         core = self._core
         if not self._runs(core.turns.check_commit(cmd.client_turn_id), TurnCommitted, cmd):
             return
         turn_id = core.turns.commit(cmd.client_turn_id)
-        core.microphone.pad_turn()
+        core.microphone.pad_turn(core.now)
         core.work.append(CommitClientTurn(cmd, turn_id))
 
     def commit_input(self, cmd: CommitInput) -> None:
@@ -81,7 +81,7 @@ class InputTurns:
             core.emit(Error("session_not_configured", "send session.update before committing", False,
                             cmd.client_event_id))
             return
-        core.microphone.end_input()
+        core.microphone.end_input(core.now)
         core.work.append(EndInput(cmd))
 
     def clear_input(self, cmd: ClearInput) -> None:

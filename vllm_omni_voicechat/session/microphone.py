@@ -33,11 +33,11 @@ class Microphone:
             return False  # the cheap bound: the queue holds at least its frames
         return self._work.audio_frames() + incoming // INPUT_FRAME_BYTES > limit
 
-    def push(self, pcm: bytes) -> list[tuple[MicFrame, int]]:
+    def push(self, pcm: bytes, now: float) -> list[tuple[MicFrame, int]]:
         """Queue the complete frames the gate lets through; the frames it held, each with the pre-roll size."""
         gate, held = self.gate, []
         for chunk in self.assembler.push(pcm):
-            frame = gate.classify(chunk, self._transport_frames)
+            frame = gate.classify(chunk, self._transport_frames, now)
             self._transport_frames += 1
             released = gate.offer(frame)
             if released is None:
@@ -46,25 +46,25 @@ class Microphone:
                 self._work.extend(released)
         return held
 
-    def open(self) -> None:
+    def open(self, now: float) -> None:
         """A client turn starts: the gate opens and its onset pre-roll is queued."""
-        self._work.extend(self.gate.force_open())
+        self._work.extend(self.gate.force_open(now))
 
-    def pad_turn(self) -> None:
+    def pad_turn(self, now: float) -> None:
         """A client commit: the trailing partial frame runs zero-padded."""
         tail = self.assembler.pad()
         if tail is not None:
-            self._work.append(TailPadding(tail, self._transport_frames))
+            self._work.append(TailPadding(tail, self._transport_frames, now))
             self._transport_frames += 1
 
-    def end_input(self) -> None:
+    def end_input(self, now: float) -> None:
         """A model-owned commit: a short loud utterance the gate still holds counts; the partial frame runs
         zero-padded only once the gate is open."""
         gate = self.gate
         if not gate.is_open and gate.heard_loud:
-            self._work.extend(gate.force_open())
+            self._work.extend(gate.force_open(now))
         if gate.is_open:
-            self.pad_turn()
+            self.pad_turn(now)
         else:
             self.assembler.pad()  # audio the closed gate never admits
 

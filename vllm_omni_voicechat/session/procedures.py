@@ -41,6 +41,8 @@ class Plan:
     pcm: bytes = SILENT_INPUT_FRAME
     controls: PositionControls = NO_CONTROLS
     transport_frame: int | None = None
+    ready: float | None = None
+    """A microphone frame's ready time (``MicFrame.ready``): it is due from then."""
 
 
 Procedure = Generator[Plan, StepResult, None]
@@ -52,10 +54,11 @@ class Procedures:
 
     # ================================================================ microphone audio
 
-    def frame(self, kind: PositionKind, pcm: bytes, transport_frame: int | None, loud: bool = False) -> Procedure:
+    def frame(self, kind: PositionKind, pcm: bytes, transport_frame: int | None, loud: bool = False,
+              ready: float | None = None) -> Procedure:
         core = self.core
         conv = core.conversation
-        result = yield Plan(kind, pcm, NO_CONTROLS, transport_frame)
+        result = yield Plan(kind, pcm, NO_CONTROLS, transport_frame, ready)
         if not core.model_turns:
             conv.publish(result)
             return

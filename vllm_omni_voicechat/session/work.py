@@ -25,6 +25,8 @@ class TailPadding:
 
     pcm: bytes
     transport_frame: int
+    ready: float = 0.0
+    """When it could run (the commit)."""
 
 
 @dataclass(frozen=True, slots=True)
