@@ -11,10 +11,12 @@ the client) in real time: one 80 ms append per session on an absolute schedule, 
 A trial: connect and configure every session (staggered), stream for ``--warmup`` seconds (not judged), then
 judge a steady-state window of ``--window`` seconds (turn starts, pre-roll bursts, typed and tool turns all fall
 inside it). In the window, from the server (``/v1/usage`` deltas): positions, **late** positions (started 40 ms
-or more after their input frame arrived: step queueing), **over-budget** ones (a step > 80 ms); for v3 also from
-the client: each position's ``voicechat.metrics`` arriving > 80 ms after the client sent its frame (**delivery**:
-the loop or the transport fell behind). A loop-lag probe times ``/health`` round trips. A trial passes with zero
-late, over-budget and delivery-late positions, no errors, every v3 frame answered, and no generator behind its
+or more after they could run: a microphone frame from when the session read it, a pre-roll frame from its
+release; step queueing), **late inbox** messages (a client message read 40 ms or more after it arrived: loop lag),
+**over-budget** ones (a step > 80 ms); for v3 also from the client: each position's ``voicechat.metrics`` arriving
+> 80 ms after the client sent its frame (**delivery**: the loop or the transport fell behind, end to end). A
+loop-lag probe times ``/health`` round trips. A trial passes with zero late, late-inbox, over-budget and
+delivery-late positions, no errors, every v3 frame answered, and no generator behind its
 schedule by > 40 ms or above 90 % of a core in the window (else ``client_limited``: the load generator, not the
 server, failed). Server CPU per session-frame and per position come from the server process's own CPU time in
 the window; threads and RSS from /proc.
@@ -332,7 +334,7 @@ def _late_buckets(late_ms: list[float]) -> dict:
 def _usage_counts(usage: dict, dialect: str) -> dict:
     d = usage.get("by_dialect", {}).get(dialect, {})
     return {"positions": d.get("positions", 0), "late": d.get("late_positions", 0),
-            "over_budget": d.get("over_budget_positions", 0), "errors": sum(d.get("errors", {}).values())}
+            "late_inbox": d.get("late_inbox_messages", 0), "over_budget": d.get("over_budget_positions", 0), "errors": sum(d.get("errors", {}).values())}
 
 
 def run_trial(dialect: str, n: int, args: argparse.Namespace) -> dict:
@@ -414,7 +416,7 @@ def _trial(server: Server, dialect: str, n: int, args: argparse.Namespace) -> di
     frames = total("frames_sent")
     unanswered = frames - total("frames_answered") if dialect == "v3" else 0
     session_frames = n * args.window / FRAME_S
-    late = server_counts["late"] + server_counts["over_budget"] + total("delivery_late")
+    late = server_counts["late"] + server_counts["late_inbox"] + server_counts["over_budget"] + total("delivery_late")
     passed = (late == 0 and not errors and server_counts["errors"] == 0 and not client_limited
               and total("connected") == n and unanswered <= n and server_counts["positions"] > 0)
     return {
@@ -425,8 +427,8 @@ def _trial(server: Server, dialect: str, n: int, args: argparse.Namespace) -> di
         "window_s": round(elapsed, 2),
         "server_positions": server_counts["positions"],
         "late_positions": late,
-        "late_by_cause": {"late_start": server_counts["late"], "over_budget": server_counts["over_budget"],
-                          "delivery": total("delivery_late")},
+        "late_by_cause": {"late_start": server_counts["late"], "late_inbox": server_counts["late_inbox"],
+                          "over_budget": server_counts["over_budget"], "delivery": total("delivery_late")},
         "server_errors": server_counts["errors"],
         "errors": errors[:5],
         "error_count": len(errors),

@@ -77,7 +77,7 @@ def test_capacity_smoke(tmp_path):
         assert trial["dialect"] == dialect and trial["sessions"] == 2 and trial["connected"] == 2
         assert trial["error_count"] == 0 and trial["server_errors"] == 0, trial["errors"]
         assert trial["server_positions"] > 0 and trial["frames_sent"] > 0
-        assert set(trial["late_by_cause"]) == {"late_start", "over_budget", "delivery"}
+        assert set(trial["late_by_cause"]) == {"late_start", "late_inbox", "over_budget", "delivery"}
         assert trial["server_cpu_ms_per_session_frame"] > 0 and trial["server_cpu_us_per_position"] > 0
         assert trial["server_threads"]["window"] >= trial["server_threads"]["idle"] > 0
         assert trial["server_rss_per_session_bytes"] is not None

@@ -104,6 +104,7 @@ def test_the_usage_book_folds_a_session_once_and_merges_by_key():
     a.observe(ev.ResponseDone("t", "r", "completed", ""), 3.0)
     b.observe(ev.ResponseDone("t", "r", "cancelled", ""), 3.0)
     b.wire_error("invalid_json")
+    a.late_inbox, b.late_inbox = 2, 1  # the shell counts these (shell/aio.py)
     book.reject("v3", "busy")
     book.end("A", "client_stop", 5.0)
     book.end("A", "disconnect", 6.0)  # a second end changes nothing
@@ -114,6 +115,7 @@ def test_the_usage_book_folds_a_session_once_and_merges_by_key():
                                   "ended": {"v3": {"client_stop": 1, "disconnect": 1}}, "live": 0}
     assert report["total"]["responses"] == {"cancelled": 1, "completed": 1}
     assert report["total"]["errors"] == {"invalid_json": 1}
+    assert report["total"]["late_inbox_messages"] == 3
     assert [(s["ended_reason"], s["duration_s"]) for s in report["ended_sessions"]] == [("client_stop", 4.0),
                                                                                          ("disconnect", 5.0)]
     assert book.mean_duration_s() == pytest.approx(4.5)

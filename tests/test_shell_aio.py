@@ -323,3 +323,52 @@ def test_sessions_with_positions_back_to_back_take_turns_on_the_loop():
     asyncio.run(main())
     first = order[:12]
     assert first.count("A") >= 4 and first.count("B") >= 4, order
+
+
+def test_a_client_message_read_40_ms_or_more_after_it_arrived_is_counted_late():
+    """Loop lag: the shell stamps each offered message and counts one read half a frame after it arrived, in its
+    own counter and in the session's tally (``/v1/usage`` ``late_inbox_messages``)."""
+    from vllm_omni_voicechat.ops.tally import SessionTally
+    from vllm_omni_voicechat.session.core import Tick
+
+    class Wire:  # a wire session reduced to what the shell drives
+        closed = False
+
+        def __init__(self) -> None:
+            self.tally = SessionTally("v3", 0.0)
+            self.read: list[tuple[str, float]] = []
+
+        def poll(self, now):
+            return Tick([])
+
+        def receive(self, message, now):
+            self.read.append((message, now))
+            return []
+
+        def disconnect(self, now):
+            self.closed = True
+            return []
+
+    async def main():
+        now = [0.5]
+        wire = Wire()
+        shell = SessionShell(wire, SimulatorModel(), lambda e: None, clock=lambda: now[0])
+        task = asyncio.create_task(shell.run())
+
+        async def read(message: str, waited: float) -> None:
+            assert shell.offer_nowait(message)
+            now[0] += waited  # the loop gets to the session this much later
+            while not wire.read or wire.read[-1][0] != message:
+                await asyncio.sleep(0)  # ok: the loop turns the test is about
+
+        await read("a", 0.039)
+        assert (shell.late_messages, wire.tally.late_inbox) == (0, 0)
+        await read("b", 0.0405)
+        assert (shell.late_messages, wire.tally.late_inbox) == (1, 1)
+        assert wire.tally.summary()["late_inbox_messages"] == 1
+        await read("c", 0.0)
+        assert shell.late_messages == 1
+        shell.disconnect()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())

@@ -67,6 +67,8 @@ class Counts:
         self.positions: Counter[str] = Counter()
         self.over_budget = 0
         self.late = 0
+        self.late_inbox = 0
+        """Client messages the session read 40 ms or more after they arrived (loop lag: ``shell/aio.py``)."""
         self.input_frames = 0
         self.output_samples = 0
         self.responses: Counter[str] = Counter()
@@ -81,6 +83,7 @@ class Counts:
         self.positions.update(other.positions)
         self.over_budget += other.over_budget
         self.late += other.late
+        self.late_inbox += other.late_inbox
         self.input_frames += other.input_frames
         self.output_samples += other.output_samples
         self.responses.update(other.responses)
@@ -110,6 +113,7 @@ class Counts:
             "positions_by_kind": dict(sorted(self.positions.items())),
             "over_budget_positions": self.over_budget,
             "late_positions": self.late,
+            "late_inbox_messages": self.late_inbox,
             "audio_in_s": round(self.audio_in_s, 3),
             "audio_out_s": round(self.audio_out_s, 3),
             "responses": dict(sorted(self.responses.items())),

@@ -58,6 +58,8 @@ class _Offered:
 
     message: str | bytes
     size: int
+    at: float
+    """When it was offered (the shell's clock): a wait of 40 ms or more in the inbox is loop lag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,8 @@ def _expire(waiter: asyncio.Future) -> None:
 
 
 MAX_ECHOED_ID_CHARS = 256
+LATE_INBOX_S = 0.040
+"""A client message that waited half a frame in the inbox was read late (the tally's ``late_inbox``)."""
 
 
 def _size(message: str | bytes) -> int:
@@ -176,6 +180,10 @@ class SessionShell:
         self.peak_inbox_messages = 0
         self.peak_inbox_bytes = 0
         self.refused = 0
+        self.late_messages = 0
+        """Client messages read 40 ms or more after they were offered (``LATE_INBOX_S``): the loop, or this session's
+        positions, fell behind. Also counted in the core's tally, when it keeps one."""
+        self._tally = getattr(core, "tally", None)
         self._room = asyncio.Event()
         self._room.set()
         self._handed = asyncio.Event()  # a client frame went from the inbox to the protocol object
@@ -216,7 +224,7 @@ class SessionShell:
             self.inbox_bytes += size
             self.peak_inbox_messages = max(self.peak_inbox_messages, self.inbox_messages)
             self.peak_inbox_bytes = max(self.peak_inbox_bytes, self.inbox_bytes)
-            self._inbox.put_nowait(_Offered(message, size))
+            self._inbox.put_nowait(_Offered(message, size, self._clock()))
             return True
         if self._refuse is not None and (cap is None or self.pending_refusals < cap):
             self.pending_refusals += 1
@@ -305,8 +313,12 @@ class SessionShell:
             await self._teardown()
 
     async def _handle(self, item: Any) -> None:
-        item = self._taken(item)
         now = self._clock()
+        if type(item) is _Offered and now - item.at >= LATE_INBOX_S:
+            self.late_messages += 1
+            if self._tally is not None:
+                self._tally.late_inbox += 1
+        item = self._taken(item)
         if isinstance(item, _Refused):
             if self._refuse is not None and not self.core.closed:
                 await self._dispatch(self._refuse(item.event_id, now))
