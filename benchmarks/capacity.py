@@ -334,7 +334,8 @@ def _late_buckets(late_ms: list[float]) -> dict:
 def _usage_counts(usage: dict, dialect: str) -> dict:
     d = usage.get("by_dialect", {}).get(dialect, {})
     return {"positions": d.get("positions", 0), "late": d.get("late_positions", 0),
-            "late_inbox": d.get("late_inbox_messages", 0), "over_budget": d.get("over_budget_positions", 0), "errors": sum(d.get("errors", {}).values())}
+            "late_inbox": d.get("late_inbox_messages", 0), "over_budget": d.get("over_budget_positions", 0),
+            "errors": sum(d.get("errors", {}).values())}
 
 
 def run_trial(dialect: str, n: int, args: argparse.Namespace) -> dict:
