@@ -331,6 +331,23 @@ def _late_buckets(late_ms: list[float]) -> dict:
     return {f"{lo}-{hi if hi != float('inf') else 'inf'}_ms": sum(lo <= x < hi for x in late_ms) for lo, hi in edges}
 
 
+def host_speed_ms() -> float:
+    """CPU milliseconds (this thread's own time, so not the wait for a core) a fixed pure-Python loop takes: the
+    host's speed per unit of work at that moment. On a shared VM it moves by a third within minutes with nothing
+    else on the machine changed, and the server's CPU per frame moves with it: trials compare only beside it."""
+    t = time.thread_time()
+    d: dict[int, int] = {}
+    for i in range(50_000):
+        d[i & 1023] = i
+    return (time.thread_time() - t) * 1000.0
+
+
+def _spread(values: list[float]) -> dict:
+    v = sorted(values)
+    return {"count": len(v), "min": round(v[0], 2) if v else None, "median": round(v[len(v) // 2], 2) if v else None,
+            "max": round(v[-1], 2) if v else None}
+
+
 def _usage_counts(usage: dict, dialect: str) -> dict:
     d = usage.get("by_dialect", {}).get(dialect, {})
     return {"positions": d.get("positions", 0), "late": d.get("late_positions", 0),
@@ -364,11 +381,14 @@ def _trial(server: Server, dialect: str, n: int, args: argparse.Namespace) -> di
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     samples: dict = {}
     probe_ms: list[float] = []
+    host_ms: list[float] = []
 
-    def observe() -> None:  # the window's edges, and the loop-lag probe between them
+    def observe() -> None:  # the window's edges, the loop-lag probe and the host's speed between them
         time.sleep(max(0.0, window_start - time.monotonic()))
         samples["start"] = (time.monotonic(), proc_stat(server.proc.pid), server.get("/v1/usage"))
         while time.monotonic() < window_end:
+            if len(probe_ms) % 8 == 0:
+                host_ms.append(host_speed_ms())
             t = time.perf_counter()
             server.get("/health")
             probe_ms.append((time.perf_counter() - t) * 1000.0)
@@ -445,6 +465,7 @@ def _trial(server: Server, dialect: str, n: int, args: argparse.Namespace) -> di
         "delivery_late_examples": [x for t in tallies for x in t.get("late_examples", [])][:10],
         "client_gc_pauses": sorted(x for t in tallies for x in t.get("gc_pauses", []) if window_start <= x[0] < window_end),
         "loop_probe_rtt": summarize_us([x * 1000 for x in probe_ms]),
+        "host_speed_ms": _spread(host_ms),
         "server_cpu_cores": round(cpu / elapsed, 3) if cpu is not None else None,
         "server_cpu_ms_per_session_frame": round(cpu * 1000 / session_frames, 4) if cpu is not None else None,
         "server_cpu_us_per_position": (round(cpu * 1e6 / server_counts["positions"], 1)
@@ -500,7 +521,7 @@ def _report_trial(t: dict) -> dict:
           f"({t['server_positions']} positions, {t['late_positions']} late {t['late_by_cause']}, "
           f"{'lag p99 %.1f ms, ' % ((lag['p99_us'] or 0) / 1000) if lag else ''}"
           f"server {t['server_cpu_cores']} cores = {t['server_cpu_ms_per_session_frame']} ms/session-frame, "
-          f"{t['server_cpu_us_per_position']} us/position, probe p99 "
+          f"{t['server_cpu_us_per_position']} us/position, host {t['host_speed_ms']['median']} ms, probe p99 "
           f"{(t['loop_probe_rtt']['p99_us'] or 0) / 1000:.1f} ms, clients {t['client_cpu_cores']} cores, "
           f"slip {t['client_max_slip_ms']} ms{', CLIENT-LIMITED' if t['client_limited'] else ''}"
           f"{', errors ' + str(t['error_count']) if t['error_count'] else ''})", flush=True)

@@ -83,6 +83,8 @@ def test_capacity_smoke(tmp_path):
         assert trial["server_rss_per_session_bytes"] is not None
         assert trial["client_generators"] == 2 and len(trial["client_cpu_cores"]) == 2
         _measured(trial["loop_probe_rtt"])
+        host = trial["host_speed_ms"]
+        assert host["count"] >= 1 and 0 < host["min"] <= host["median"] <= host["max"]
         if dialect == "v3":
             assert trial["frames_unanswered"] <= 2
             _measured(trial["input_to_metrics_lag"])
