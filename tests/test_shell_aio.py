@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 
 import pytest
@@ -282,12 +283,13 @@ def test_the_inbox_wait_ends_at_an_item_or_its_deadline_and_leaves_no_waiter():
     asyncio.run(scenario())
 
 
-def test_sessions_with_positions_back_to_back_take_turns_on_the_loop():
-    """Inline steps: a session with a backlog yields before each further position, so two such sessions
-    interleave instead of one running its whole backlog first."""
+def backlogs(slice_s: float, step_s: float) -> list[str]:
+    """Two sessions with a 12-frame backlog each, queued before either runs; the order their inline positions ran
+    in. Each step advances the shells' clock by ``step_s``."""
     from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
 
     order: list[str] = []
+    now = [100.0]
 
     class Named(SimulatorModel):
         def __init__(self, name: str) -> None:
@@ -296,6 +298,7 @@ def test_sessions_with_positions_back_to_back_take_turns_on_the_loop():
 
         def step(self, position):
             order.append(self.name)
+            now[0] += step_s
             return super().step(position)
 
     async def main():
@@ -303,7 +306,7 @@ def test_sessions_with_positions_back_to_back_take_turns_on_the_loop():
         for name in "AB":
             rec = Recorder()
             shell = SessionShell(SessionCore(SessionConfig(session_id=name, settlement_blank_frames=3)), Named(name),
-                                 rec)
+                                 rec, clock=lambda: now[0], backlog_slice_s=slice_s)
             assert shell._inline_steps
             shells.append(shell)
             recs.append(rec)
@@ -321,8 +324,24 @@ def test_sessions_with_positions_back_to_back_take_turns_on_the_loop():
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
 
     asyncio.run(main())
-    first = order[:12]
-    assert first.count("A") >= 4 and first.count("B") >= 4, order
+    return order
+
+
+def runs(order: list[str]) -> list[tuple[str, int]]:
+    return [(k, len(list(g))) for k, g in itertools.groupby(order)]
+
+
+def test_sessions_with_positions_back_to_back_take_turns_on_the_loop():
+    """Inline steps: a session whose backlog has held the loop for its slice yields before the next position, so
+    two such sessions interleave instead of one running its whole backlog first. Slice 0: a yield a position."""
+    assert runs(backlogs(0.0, 0.001)[:24]) == [("A", 1), ("B", 1)] * 12
+
+
+def test_a_backlog_runs_back_to_back_for_its_slice_before_it_yields():
+    """A yield costs a position a whole turn of a busy loop, so a backlog runs without one until its slice (here 2.5
+    steps' time) is spent: three positions a turn, never more."""
+    assert runs(backlogs(0.0025, 0.001)[:24]) == [("A", 3), ("B", 3)] * 4
+    assert runs(backlogs(0.0025, 0.0)[:24]) == [("A", 12), ("B", 12)]  # steps that take no time never yield
 
 
 def test_a_client_message_read_40_ms_or_more_after_it_arrived_is_counted_late():

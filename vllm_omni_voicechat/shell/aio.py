@@ -114,6 +114,8 @@ def _expire(waiter: asyncio.Future) -> None:
 
 
 MAX_ECHOED_ID_CHARS = 256
+BACKLOG_SLICE_S = 0.002
+"""How long a session's inline positions may run back to back before it yields the loop to the others."""
 LATE_INBOX_S = 0.040
 """A client message that waited half a frame in the inbox was read late (the tally's ``late_inbox``)."""
 
@@ -151,6 +153,7 @@ class SessionShell:
         max_inbox_messages: int | None = None,
         max_inbox_bytes: int | None = None,
         refuse: Callable[[Any, float], list[Any]] | None = None,
+        backlog_slice_s: float = BACKLOG_SLICE_S,
     ) -> None:
         self.core = core
         self.model = model
@@ -160,6 +163,7 @@ class SessionShell:
         # A model whose steps take microseconds (the simulator) steps on the loop: a thread hop per position cost
         # more than the step itself, and a thread per session queued for the GIL under load (issue 18).
         self._inline_steps = bool(getattr(model, "inline_steps", False))
+        self.backlog_slice_s = backlog_slice_s
         # Model calls off the loop (prefill, abort, a slow model's steps) run one at a time, in order, in the given
         # executor (a pool the server shares among inline-step sessions: no thread per session) or in a thread of
         # this session's own.
@@ -270,7 +274,10 @@ class SessionShell:
 
     async def run(self) -> None:
         """Run until the session is closed (stop, fatal error or disconnect); always releases the model."""
-        backlog = False  # an inline step ran since the loop last waited: the next one yields first
+        # Inline steps back to back (a released pre-roll, a cancel tail) hold the loop for at most a slice, then
+        # yield: a yield per position cost each one a whole turn of a busy loop (a 12-frame pre-roll started
+        # 40-65 ms late at 300 sessions), and the slice keeps any session from holding the others up.
+        slice_end: float | None = None  # while inline steps run back to back: when they must yield
         try:
             while not self.core.closed:
                 tick = self.core.poll(self._clock())
@@ -283,13 +290,15 @@ class SessionShell:
                         if not self._inline_steps:
                             result = await self._model_call(self.model.step, tick.position.input)
                         else:
-                            if backlog:
-                                await asyncio.sleep(0)  # positions back to back must not hold the loop: yield each
+                            if slice_end is None:
+                                slice_end = self._clock() + self.backlog_slice_s
+                            elif self._clock() >= slice_end:
+                                await asyncio.sleep(0)  # the slice is spent: let the other sessions run
+                                slice_end = self._clock() + self.backlog_slice_s
                             if self._model_lock.locked() or self._stray is not None:
                                 async with self._model_lock:  # after the prefill (or abort) in the executor
                                     await self._settle_stray()
                             result = self.model.step(tick.position.input)  # no await since: no call can start
-                            backlog = True  # until the loop next waits for input
                     except Exception as exc:
                         self.model_failure = f"position {self.positions - 1}: {exc}"  # for the server's log
                         self.model_error = exc
@@ -306,7 +315,7 @@ class SessionShell:
                 if tick.wake_at is not None:  # the shell's clock -> the loop's (they differ under test clocks)
                     loop = asyncio.get_running_loop()
                     deadline = loop.time() + max(0.0, tick.wake_at - self._clock())
-                backlog = False
+                slice_end = None
                 if await self._inbox.wait(deadline):
                     await self._handle(self._inbox.get_nowait())
         finally:
