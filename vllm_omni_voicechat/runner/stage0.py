@@ -5,7 +5,8 @@ included), applies the pacing policy and measures each step. It never sleeps and
 method takes ``now`` (seconds on any monotonic timeline).
 
 Pacing policy:
-- real frames, typed-input audio, settlement, the EOU position and cancel tails are **unpaced**: due at once;
+- real frames, typed-input audio, settlement, the EOU position and cancel tails are **unpaced**: due at once, a
+  microphone frame from when it could run (its ``ready`` time), so its wait behind other positions is lateness;
 - post-tool **recovery** positions keep a >= 80 ms cadence between starts;
 - **response silence** (a response is open, no real frame queued) is due on the 80 ms grid anchored at the
   previous position, so a response finishes when the client stops streaming; after a real frame the first one
@@ -116,8 +117,9 @@ class Stage0Runner:
 
     # --- pacing ---------------------------------------------------------------------------------------------
 
-    def due_at(self, kind: PositionKind, now: float) -> float:
-        """When a position of ``kind`` may start, given what ran before (``now`` when it may start at once)."""
+    def due_at(self, kind: PositionKind, now: float, ready: float | None = None) -> float:
+        """When a position of ``kind`` may start, given what ran before (``now`` when it may start at once; an unpaced
+        position that could run earlier, ``ready``, was due then)."""
         if kind is PositionKind.RECOVERY:
             if self._last_recovery_start is None:
                 return now
@@ -127,7 +129,7 @@ class Stage0Runner:
                 return now
             grace = 0.0 if self._last_kind is PositionKind.RESPONSE_SILENCE else self.silence_grace
             return self._grid + self.frame_seconds + grace
-        return now
+        return now if ready is None else ready
 
     # --- positions ------------------------------------------------------------------------------------------
 

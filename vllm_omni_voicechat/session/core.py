@@ -284,9 +284,7 @@ class SessionCore:
                 plan = dataclasses.replace(plan, controls=controls)
                 if self._plan is not None:
                     self._plan = plan
-            due = self.runner.due_at(plan.kind, now)
-            if plan.ready is not None and plan.ready < due:
-                due = plan.ready  # a microphone frame is due from when it could run: its wait is lateness
+            due = self.runner.due_at(plan.kind, now, plan.ready)
             if due > now:
                 if functions.awaiting:
                     due = min(due, functions.cycle.deadline)  # type: ignore[union-attr]  # the tool wait fires on time

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model.port import ModelPort
+from ..ops.tally import LATE_MS
 from ..session.commands import Command
 from ..session.events import (
     AbortModel,
@@ -116,7 +117,7 @@ def _expire(waiter: asyncio.Future) -> None:
 MAX_ECHOED_ID_CHARS = 256
 BACKLOG_SLICE_S = 0.002
 """How long a session's inline positions may run back to back before it yields the loop to the others."""
-LATE_INBOX_S = 0.040
+LATE_INBOX_S = LATE_MS / 1000.0
 """A client message that waited half a frame in the inbox was read late (the tally's ``late_inbox``)."""
 
 
@@ -237,13 +238,18 @@ class SessionShell:
             return False
         return None
 
-    def _taken(self, item: Any) -> Any:
-        """Release what ``item`` held of the bounds; returns what the core receives."""
+    def _taken(self, item: Any, now: float) -> Any:
+        """Release what ``item`` held of the bounds (a message read ``now``, late or not); returns what the core
+        receives."""
         if isinstance(item, _Refused):
             self.pending_refusals -= 1
         elif isinstance(item, _Offered):
             self.inbox_messages -= 1
             self.inbox_bytes -= item.size
+            if now - item.at >= LATE_INBOX_S:
+                self.late_messages += 1
+                if self._tally is not None:
+                    self._tally.late_inbox += 1
             item = item.message
         else:
             return item
@@ -280,7 +286,8 @@ class SessionShell:
         slice_end: float | None = None  # while inline steps run back to back: when they must yield
         try:
             while not self.core.closed:
-                tick = self.core.poll(self._clock())
+                now = self._clock()
+                tick = self.core.poll(now)
                 await self._dispatch(tick.outputs)
                 if self.core.closed:
                     break
@@ -291,8 +298,8 @@ class SessionShell:
                             result = await self._model_call(self.model.step, tick.position.input)
                         else:
                             if slice_end is None:
-                                slice_end = self._clock() + self.backlog_slice_s
-                            elif self._clock() >= slice_end:
+                                slice_end = now + self.backlog_slice_s
+                            elif now >= slice_end:
                                 await asyncio.sleep(0)  # the slice is spent: let the other sessions run
                                 slice_end = self._clock() + self.backlog_slice_s
                             if self._model_lock.locked() or self._stray is not None:
@@ -323,11 +330,7 @@ class SessionShell:
 
     async def _handle(self, item: Any) -> None:
         now = self._clock()
-        if type(item) is _Offered and now - item.at >= LATE_INBOX_S:
-            self.late_messages += 1
-            if self._tally is not None:
-                self._tally.late_inbox += 1
-        item = self._taken(item)
+        item = self._taken(item, now)
         if isinstance(item, _Refused):
             if self._refuse is not None and not self.core.closed:
                 await self._dispatch(self._refuse(item.event_id, now))
