@@ -53,6 +53,9 @@ def test_memory_smoke(tmp_path):
     for r in report["per_session"]:
         assert {"rss_bytes_per_session", "traced_bytes_per_session", "top_sites", "alive"} <= set(r)
         assert r["traced_bytes_per_session"] > 0 and r["alive"] == 2
+        # the shared token-audio cache's growth is left out of the session-state RSS, and only it
+        cache = r["process_cache_bytes"]
+        assert cache >= 0 and abs(r["rss_bytes_per_session"] - r["rss_state_bytes_per_session"] - cache / 2) <= 1, r
     j = report["journal"]
     assert j["journal_bytes_per_minute_of_audio"] > 0 and j["retained_bytes_per_session_acking_client"] == 0
     assert j["retained_bytes_per_session_no_acks"] > 0 and j["sessions_overflowed"] == 0
@@ -119,3 +122,25 @@ def test_omni_runner_ratio_smoke(tmp_path, capsys):
     assert out.with_suffix(".png").stat().st_size > 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith(
         "vLLM-Omni runner / ours (CPU per position, model excluded): 2 sessions: ours ")
+
+
+def test_memory_counts_what_the_token_audio_cache_holds(monkeypatch):
+    import tracemalloc
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import memory
+    from vllm_omni_voicechat.audio.speech import render_token_audio
+
+    render_token_audio.cache_clear()  # a cache: emptying it only costs the next renders
+    assert memory.token_audio_cache_bytes() == 0
+    render_token_audio(" the", 22_050, 1_764)  # as the simulator calls it; the first entry builds the cache's dict
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for token in (" hel", "lo", " wor", "ld"):
+            render_token_audio(token, 22_050, 1_764)
+        held = tracemalloc.get_traced_memory()[0] - before  # what stays allocated: frames and links
+    finally:
+        tracemalloc.stop()
+    estimate = memory.token_audio_cache_bytes() * 4 / 5
+    assert abs(estimate - held) <= 0.005 * held, (estimate, held)
