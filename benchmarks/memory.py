@@ -177,12 +177,13 @@ def plot(report: dict, path: Path) -> None:
 
 def summary_line(report: dict) -> str:
     parts = [f"{r['dialect']} {r['rss_bytes_per_session'] / 1024:.0f} KiB RSS / "
-             f"{r['traced_bytes_per_session'] / 1024:.0f} KiB traced ({r['rss_state_bytes_per_session'] / 1024:.0f} KiB "
-             f"RSS without the shared token-audio cache)"
+             f"{r['traced_bytes_per_session'] / 1024:.0f} KiB traced "
+             f"({r['rss_state_bytes_per_session'] / 1024:.0f} KiB RSS without the shared token-audio cache)"
              for r in report["per_session"]]
     j = report["journal"]
-    return (f"memory per session: {'; '.join(parts)}; tiered journal {j['journal_bytes_per_minute_of_audio'] / 1024:.0f}"
-            f" KiB per minute of audio ({j['retained_bytes_per_session_acking_client']} B retained when the client acks)")
+    per_minute = j["journal_bytes_per_minute_of_audio"] / 1024
+    return (f"memory per session: {'; '.join(parts)}; tiered journal {per_minute:.0f} KiB per minute of audio "
+            f"({j['retained_bytes_per_session_acking_client']} B retained when the client acks)")
 
 
 def main(argv: list[str] | None = None) -> int:
