@@ -124,10 +124,9 @@ def test_omni_runner_ratio_smoke(tmp_path, capsys):
         "vLLM-Omni runner / ours (CPU per position, model excluded): 2 sessions: ours ")
 
 
-def test_memory_counts_what_the_token_audio_cache_holds(monkeypatch):
+def test_memory_counts_what_the_token_audio_cache_holds():
     import tracemalloc
 
-    monkeypatch.syspath_prepend(str(BENCH))
     import memory
     from vllm_omni_voicechat.audio.speech import render_token_audio
 
