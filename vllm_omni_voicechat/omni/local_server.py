@@ -30,6 +30,13 @@ ENGINE_ENV = {
     "VLLM_TARGET_DEVICE": "cpu",
     # several stage processes share the host's cores: no per-process core binding
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # No busy polling (docs/engine-on-cpu.md, "Polling"): on CPU, vLLM's CpuPlatform turns a one-device stage's
+    # executor into a worker process (vllm/platforms/cpu.py:310-317) whose shared-memory queues sched_yield-spin
+    # for 1 s after every message, on both ends; 0 keeps each stage's worker inside its engine-core process.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # vLLM-Omni's orchestrator waits on its stages' output sockets instead of polling them every 1 ms
+    # (vllm_omni/engine/orchestrator.py:879-936; the event-driven loop is its default only for qwen3_tts).
+    "VLLM_OMNI_EVENT_DRIVEN_ORCH": "1",
     "OMP_NUM_THREADS": "1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
