@@ -83,3 +83,24 @@ def test_one_position_in_flight_at_a_time():
     r.finish(p, RESULT, 0.01)
     with pytest.raises(RuntimeError):
         r.finish(p, RESULT, 0.02)
+
+
+def test_the_position_carries_its_due_time_for_a_model_home_that_holds_positions():
+    r = Stage0Runner()
+    p = r.begin(K.REAL, SILENT_INPUT_FRAME, NO_CONTROLS, 0, 1.0, due=0.97)
+    assert p.input.ready == 0.97
+    r.finish(p, RESULT, 1.01)
+    assert r.begin(K.SETTLEMENT, SILENT_INPUT_FRAME, NO_CONTROLS, None, 2.0).input.ready == 2.0
+
+
+def test_a_model_home_that_held_the_position_reports_the_lateness_and_the_hold_is_not_over_budget():
+    r = Stage0Runner()
+    p = r.begin(K.REAL, SILENT_INPUT_FRAME, NO_CONTROLS, 0, 1.0, due=0.9)  # started 100 ms after its frame arrived
+    held = StepResult(audio=SILENT_OUTPUT_FRAME, timings=StepTimings(inference_ms=30.0, held_ms=35.0, late_ms=12.0))
+    m = r.finish(p, held, 1.1)  # 100 ms in all: 35 held for a batch, 65 of engine work
+    assert (m.late_ms, m.held_ms) == (12.0, 35.0)  # the model home's lateness, not the runner's 100 ms
+    assert m.server_step_ms == pytest.approx(100.0)
+    assert not m.over_budget
+    p = r.begin(K.REAL, SILENT_INPUT_FRAME, NO_CONTROLS, 1, 2.0)
+    m = r.finish(p, StepResult(audio=SILENT_OUTPUT_FRAME, timings=StepTimings(held_ms=10.0, late_ms=0.0)), 2.095)
+    assert m.over_budget  # 85 ms of work beside the hold

@@ -95,6 +95,9 @@ class PositionInput:
     """Controls applied on this position."""
     synthetic: bool = False
     """True when the frame is a zero-input position the protocol added (no client audio behind it)."""
+    ready: float | None = None
+    """When the position could have run (the runner's due time, on the host's monotonic clock). A model home that
+    holds positions to batch them across sessions measures its own lateness from it (``StepTimings.late_ms``)."""
 
 
 @record
@@ -197,6 +200,12 @@ class StepTimings:
 
     inference_ms: float = 0.0
     """Time spent inside the model for this position."""
+    held_ms: float = 0.0
+    """Time the model home held the position before running it, by policy (batching it with other sessions'
+    positions; bounded by its slot). Part of the step, not of the budget."""
+    late_ms: float | None = None
+    """How late the position ran, from a model home that holds positions (the hold is not lateness); None: the
+    runner's own measure (started after its due time)."""
 
 
 @record

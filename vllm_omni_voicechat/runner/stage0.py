@@ -11,6 +11,9 @@ Pacing policy:
 - **response silence** (a response is open, no real frame queued) is due on the 80 ms grid anchored at the
   previous position, so a response finishes when the client stops streaming; after a real frame the first one
   waits a half-frame grace so a client streaming in real time is not overtaken by synthetic positions.
+
+A model home shared by many sessions may hold a position to run it with other sessions' positions (``tick.py``,
+the engine tick); it reports the hold and its own lateness (``StepTimings``), and the runner takes them.
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ class StepMetrics:
     late_ms: float
     budget_ms: float
     over_budget: bool
+    """The step without the model home's batching hold took longer than the budget."""
+    held_ms: float = 0.0
+    """The model home's batching hold (``StepTimings.held_ms``)."""
 
 
 class PositionLimitReached(Exception):
@@ -154,7 +160,7 @@ class Stage0Runner:
         position = Position(
             index=self.positions_run,
             kind=kind,
-            input=PositionInput(pcm=pcm, controls=controls, synthetic=kind.synthetic),
+            input=PositionInput(pcm=pcm, controls=controls, synthetic=kind.synthetic, ready=due),
             transport_frame=transport_frame,
             due=due,
             started=now,
@@ -173,13 +179,19 @@ class Stage0Runner:
             raise RuntimeError("finish() for a position that is not in flight")
         self.in_flight = None
         step_ms = (now - position.started) * 1000.0
+        timings = result.timings if result is not None else None
+        late_ms = timings.late_ms if timings is not None else None
+        if late_ms is None:
+            late_ms = max(0.0, (position.started - position.due) * 1000.0)
+        held_ms = timings.held_ms if timings is not None else 0.0
         return StepMetrics(
             frame=position.index,
             transport_frame=position.transport_frame,
             kind=position.kind,
-            inference_ms=result.timings.inference_ms if result is not None else 0.0,
+            inference_ms=timings.inference_ms if timings is not None else 0.0,
             server_step_ms=step_ms,
-            late_ms=max(0.0, (position.started - position.due) * 1000.0),
+            late_ms=late_ms,
             budget_ms=BUDGET_MS,
-            over_budget=step_ms > BUDGET_MS,
+            over_budget=step_ms - held_ms > BUDGET_MS,
+            held_ms=held_ms,
         )
