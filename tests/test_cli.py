@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from vllm_omni_voicechat.omni.register import PACKAGED_DEPLOY_CONFIG
-from vllm_omni_voicechat.omni.serve import omni_argv
+from vllm_omni_voicechat.omni.serve import engine_env, omni_argv
 
 
 def test_a_checkpoint_is_served_by_vllm_omni_with_our_packaged_deploy_yaml():
@@ -19,6 +19,14 @@ def test_a_checkpoint_is_served_by_vllm_omni_with_our_packaged_deploy_yaml():
 def test_an_explicit_deploy_config_and_omni_flag_are_kept():
     argv = omni_argv("m", ["--omni", "--deploy-config=deploy/voicechat.yaml"])
     assert argv == ["vllm-omni", "serve", "m", "--omni", "--deploy-config=deploy/voicechat.yaml"]
+
+
+def test_the_engine_environment_is_set_unless_the_caller_set_it():
+    assert engine_env({}) == {"VLLM_OMNI_EVENT_DRIVEN_ORCH": "1"}
+    assert engine_env({"VLLM_TARGET_DEVICE": "cpu"}) == {"VLLM_OMNI_EVENT_DRIVEN_ORCH": "1",
+                                                       "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert engine_env({"VLLM_TARGET_DEVICE": "cpu", "VLLM_OMNI_EVENT_DRIVEN_ORCH": "0",
+                       "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) == {}
 
 
 def test_serve_help_of_the_simulator_default_needs_no_vllm():

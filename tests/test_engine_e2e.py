@@ -99,7 +99,7 @@ def test_health_reports_the_engine_and_its_warmup(server):
     status, body = get_json(server.http + "/health")
     assert status == 200
     assert body["status"] == "ready" and body["model_kind"] == "vllm-omni" and body["host_runtime"] == "vllm-omni"
-    assert body["max_sessions"] == 2 and body["active_sessions"] == 0
+    assert body["max_sessions"] == 4 and body["active_sessions"] == 0
     assert body["warmup"]["positions"] == 2  # two silent positions through all three stages before the first client
     assert body["typed_input"] == {"ready": False, "synthesizer": None}
     # vLLM's serve_http turns uvicorn's WebSocket keepalive on; the v3 contract wants no pings (omni/mount.py)

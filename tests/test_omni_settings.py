@@ -18,6 +18,8 @@ def test_the_block_is_validated_and_typed():
         "audio_lag_positions": 2, "settlement_blank_frames": 3}
     assert parse_block({"admission_queue": 8, "admission_timeout_s": 20}) == {  # the admission queue (issue 20)
         "admission_queue": 8, "admission_timeout_s": 20.0}
+    assert parse_block({"tick_slot_ms": 40}) == {"tick_slot_ms": 40.0}  # the engine tick, at most half a frame
+    assert parse_block({"tick_slot_ms": 0}) == {"tick_slot_ms": 0.0}
 
 
 @pytest.mark.parametrize("block, message", [
@@ -31,6 +33,8 @@ def test_the_block_is_validated_and_typed():
     ({"audio_lag_positions": 10}, r"audio_lag_positions \(10\) must be below voicechat.settlement_blank_frames \(10\)"),
     ({"audio_lag_positions": 3, "settlement_blank_frames": 3}, "must be below"),
     ([1], "mapping"),
+    ({"tick_slot_ms": 40.5}, r"tick_slot_ms must be at most half a frame \(40\)"),
+    ({"tick_slot_ms": -1}, ">= 0.0"),
 ])
 def test_bad_blocks_fail_with_a_clear_message(block, message):
     with pytest.raises(VoicechatSettingsError, match=message):
@@ -60,6 +64,14 @@ def test_every_admitted_session_can_stream_at_once():
         check_concurrency(_deploy(1, 2))
     with pytest.raises(VoicechatSettingsError, match="stage 2 has max_num_seqs=1 but duplex_session.max_sessions is 2"):
         check_concurrency(_deploy(2, 2, seqs=(2, 2, 1)))
+
+
+def test_async_scheduling_is_refused_because_our_schedulers_are_synchronous():
+    from vllm_omni_voicechat.omni.settings import check_schedulers
+
+    check_schedulers({"stages": [{"stage_id": 0, "async_scheduling": False}, {"stage_id": 1}]})
+    with pytest.raises(VoicechatSettingsError, match="stage 1 sets async_scheduling: true"):
+        check_schedulers({"stages": [{"stage_id": 0}, {"stage_id": 1, "engine_args": {"async_scheduling": True}}]})
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm_omni") is None, reason="vllm_omni is not installed")

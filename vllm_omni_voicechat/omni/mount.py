@@ -20,6 +20,7 @@ import contextlib
 import importlib.util
 import inspect
 import logging
+import os
 import sys
 from typing import Any
 
@@ -33,7 +34,9 @@ from ..server.auth import SubprotocolCredential, safe_subprotocol
 from ..server.config import ServerConfig
 from ..server.page import page_routes
 from ..server.warmup import warm_up
+from .batching import EngineBatcher
 from .port import OmniStage0Port
+from .register import log_through_vllm
 from .settings import read_settings
 
 log = logging.getLogger(__name__)
@@ -48,10 +51,14 @@ class VoicechatMount:
         self.plugin = plugin
         self.settings = settings
         self.server: VoicechatServer | None = None
+        self.batcher: EngineBatcher | None = None
         self.pings_off = False
 
     async def start(self, app: Any) -> None:
         self.pings_off = pings_off(app)
+        if os.environ.get("VLLM_OMNI_EVENT_DRIVEN_ORCH") != "1":
+            log.warning("vLLM-Omni's orchestrator polls its stages every 1 ms: start with VLLM_OMNI_EVENT_DRIVEN_ORCH=1 "
+                        "(vllm-omni-voicechat serve sets it; docs/running-on-gpu.md)")
         external_auth = subprotocol_keys_reach_vllm(app)
         engine_client = app.state.engine_client
         # The deploy YAML's voicechat: block, under what the mount was given explicitly.
@@ -64,9 +71,15 @@ class VoicechatMount:
         step_timeout_s = float(self.settings.pop("step_timeout_s", 10.0))
         audio_lag = int(self.settings.pop("audio_lag_positions", 0))
         warmup_positions = int(self.settings.pop("warmup_positions", 0))
+        tick_slot_s = float(self.settings.pop("tick_slot_ms", 0.0)) / 1000.0
+        # One tick for the engine: every session's positions go to it together (runner/tick.py); 0: no batching.
+        self.batcher = EngineBatcher(tick_slot_s, loop) if tick_slot_s > 0 else None
+        if self.batcher is not None:
+            log.info("engine tick: positions of concurrent sessions batched within a %.0f ms slot", tick_slot_s * 1e3)
 
         def factory() -> OmniStage0Port:
-            return OmniStage0Port(engine_client, loop, bus, step_timeout_s=step_timeout_s, audio_lag=audio_lag)
+            return OmniStage0Port(engine_client, loop, bus, step_timeout_s=step_timeout_s, audio_lag=audio_lag,
+                                  batcher=self.batcher)
 
         max_sessions = getattr(getattr(engine_client, "duplex_session_config", None), "max_sessions", None) or 1
         synthesizer = await loop.run_in_executor(None, _typed_input_synthesizer)
@@ -187,19 +200,8 @@ def install_for_serve(plugin: Any) -> bool:
     (the API server module is imported and the command is ``serve``); a no-op anywhere else."""
     if sys.argv[1:2] != ["serve"] or API_SERVER_MODULE not in sys.modules:
         return False
-    _log_like_vllm()
+    log_through_vllm()
     return install(VoicechatMount(plugin))
-
-
-def _log_like_vllm() -> None:
-    """Our loggers write through vLLM's handlers (vLLM configures only its own logger tree, so without this our
-    session, warm-up and mount lines never reach the server's log)."""
-    ours, theirs = logging.getLogger("vllm_omni_voicechat"), logging.getLogger("vllm")
-    if theirs.handlers and not ours.handlers:
-        for handler in theirs.handlers:
-            ours.addHandler(handler)
-        ours.setLevel(logging.INFO)
-        ours.propagate = False
 
 
 def install(mount: VoicechatMount, router: Any = None) -> bool:

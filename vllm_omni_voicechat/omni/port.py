@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +21,7 @@ from vllm_omni.engine.duplex.commands import AppendAudio
 from ..model.port import ModelError, ModelTimeout, PositionInput, SessionPrompt, StepResult
 from ..session.tools import tool_to_dict
 from .alignment import BoundaryRetimer
+from .batching import EngineBatcher, TickStamp
 from .bus import Channel, ChannelFailure, ChannelTimeout, Stage0Bus
 from .envelope import EVIDENCE_KEY, EnvelopeError, decode_step, encode_controls, frame_to_f32
 
@@ -40,10 +42,13 @@ class OmniStage0Port:
         token_ids=lambda tokens: [],
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
         audio_lag: int = 0,
+        batcher: EngineBatcher | None = None,
     ) -> None:
         self.omni = omni
         self.loop = loop
         self.bus = bus
+        self.batcher = batcher
+        """The engine's tick, shared by every session's port (None: each position is submitted at once)."""
         self.token_ids = token_ids
         self.step_timeout_s = step_timeout_s
         self.audio_lag = audio_lag
@@ -82,6 +87,8 @@ class OmniStage0Port:
         except Exception as exc:
             raise ModelError(f"vLLM-Omni refused the session: {exc}") from exc
         self.channel = self.bus.open(self.handle.session_id, audio_lag=self.audio_lag)
+        if self.batcher is not None:
+            self.batcher.enter(self.handle.session_id)
         self.retimer.start()
         self.position = 0
         asyncio.run_coroutine_threadsafe(self._watch(self.handle, self.channel), self.loop)
@@ -105,14 +112,22 @@ class OmniStage0Port:
             self._run(handle.cancel_input())  # a new epoch: a new Stage-0 request, re-prefilled
             channel.restart()
             self.retimer.start()
-        channel.push_controls(
-            encode_controls(position.controls, position=self.position, synthetic=position.synthetic,
-                            token_ids=self.token_ids)
-        )
+        vc = encode_controls(position.controls, position=self.position, synthetic=position.synthetic,
+                             token_ids=self.token_ids)
+        append = AppendAudio(audio=frame_to_f32(position.pcm).tobytes(), format="pcm_f32le", sample_rate_hz=16_000)
+        stamp: TickStamp | None = None
         started = time.perf_counter()
         try:
-            self._run(handle.submit(AppendAudio(audio=frame_to_f32(position.pcm).tobytes(), format="pcm_f32le",
-                                                sample_rate_hz=16_000)))
+            if self.batcher is None:
+                channel.push_controls(vc)
+                self._run(handle.submit(append))
+            else:
+                async def submit(tick: TickStamp) -> None:
+                    channel.push_controls({**vc, "tick": tick.tick, "tick_size": tick.size})
+                    await handle.submit(append)
+
+                stamp = self.batcher.submit(handle.session_id, position.ready, submit)
+                started = time.perf_counter()
             output = channel.wait_stage0(self.step_timeout_s)
             inference_ms = (time.perf_counter() - started) * 1000.0
             audio = channel.wait_packet(self.step_timeout_s)
@@ -133,6 +148,14 @@ class OmniStage0Port:
             result = decode_step(evidence, audio, inference_ms)
         except EnvelopeError as exc:
             raise ModelError(str(exc)) from exc
+        # What reached the session from each stage, in a form two runs can compare position by position: the
+        # Stage-0 token and a digest of the Stage-2 packet (with the batch this position ran in, when batched).
+        telemetry = {**result.telemetry, "stage0_token": output.token_ids[-1] if output.token_ids else None,
+                     "stage2_crc32": zlib.crc32(audio)}
+        if stamp is not None:
+            telemetry.update(tick=stamp.tick, tick_size=stamp.size, held_ms=round(stamp.held_ms, 3))
+            result = replace(result, timings=replace(result.timings, held_ms=stamp.held_ms, late_ms=stamp.late_ms))
+        result = replace(result, telemetry=telemetry)
         return replace(result, boundary=self.retimer.retime(result.boundary)) if self.audio_lag else result
 
     def abort(self) -> None:
@@ -140,6 +163,8 @@ class OmniStage0Port:
         self.channel = None
         if handle is None:
             return
+        if self.batcher is not None:
+            self.batcher.leave(handle.session_id)
         self.bus.close(handle.session_id)
         try:
             self._control(lambda timeout: handle.close(reason="voicechat_session_end", timeout=timeout))

@@ -34,6 +34,17 @@ ENTRY_POINT_GROUPS = ("vllm.general_plugins", "vllm_omni.general_plugins")
 PACKAGED_DEPLOY_CONFIG = Path(__file__).resolve().parent / "deploy" / "voicechat.yaml"
 
 
+def log_through_vllm() -> None:
+    """Our loggers write through vLLM's handlers in every vLLM process (vLLM configures only its own logger tree, so
+    without this our lines never reach a server's log: the mount's, the thinker's, the stage schedulers')."""
+    ours, theirs = logging.getLogger(ENTRY_POINT_NAME), logging.getLogger("vllm")
+    if theirs.handlers and not ours.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
 def register() -> bool:
     """Add our pipeline to ``vllm_omni.config.pipeline_registry.OMNI_PIPELINES`` unless the key is present.
 
@@ -53,6 +64,7 @@ def register() -> bool:
         logger.warning("vllm_omni failed to import; %s is not registered", PIPELINE_KEY, exc_info=True)
         return False
 
+    log_through_vllm()
     from .bench import register_bench_backend
 
     register_bench_backend()  # `vllm-omni bench serve --backend voicechat`; a no-op outside vLLM-Omni's CLI
@@ -63,6 +75,13 @@ def register() -> bool:
         register_architecture()
     except Exception:
         logger.warning("could not register the voicechat thinker architecture", exc_info=True)
+    try:
+        # Our Stage-1 talker architecture (a noise stream per session; the deploy YAML's stage 1 names it).
+        from .talker import register_architecture as register_talker
+
+        register_talker()
+    except Exception:
+        logger.warning("could not register the voicechat talker architecture", exc_info=True)
 
     if PIPELINE_KEY in OMNI_PIPELINES:
         # Ours from an earlier call (the other group, a stage process re-run) or someone else's: leave it alone.
@@ -84,5 +103,6 @@ __all__ = [
     "ENTRY_POINT_VALUE",
     "PACKAGED_DEPLOY_CONFIG",
     "PIPELINE_KEY",
+    "log_through_vllm",
     "register",
 ]

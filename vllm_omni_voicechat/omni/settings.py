@@ -57,8 +57,12 @@ FIELDS: Mapping[str, tuple[type, float | None]] = {
     "v3_turns": (str, None),
     "audio_lag_positions": (int, 0),
     "step_timeout_s": (float, 0.001),
+    "tick_slot_ms": (float, 0.0),
 }
 
+
+MAX_TICK_SLOT_MS = 40.0
+"""``voicechat.tick_slot_ms`` (the engine tick, ``runner/tick.py``): at most half a frame."""
 
 V3_TURNS = ("client", "legacy")
 """``voicechat.v3_turns``: client-owned v3 turns (production) or the diagnostic RNNT-owned legacy mode."""
@@ -92,6 +96,9 @@ def parse_block(block: Any) -> dict[str, Any]:
                                      f"voicechat.settlement_blank_frames ({fence})")
     if out.get("realtime_default", "v3") not in BARE_DEFAULTS:
         raise VoicechatSettingsError(f"voicechat.realtime_default must be one of {', '.join(BARE_DEFAULTS)}")
+    if out.get("tick_slot_ms", 0.0) > MAX_TICK_SLOT_MS:
+        raise VoicechatSettingsError(f"voicechat.tick_slot_ms must be at most half a frame ({MAX_TICK_SLOT_MS:g}), "
+                                     f"not {out['tick_slot_ms']!r}")
     if out.get("v3_turns", "client") not in V3_TURNS:
         raise VoicechatSettingsError(f"voicechat.v3_turns must be one of {', '.join(V3_TURNS)}")
     return out
@@ -180,6 +187,16 @@ def check_concurrency(deploy: Mapping[str, Any]) -> None:
                 f"{sessions}: raise it to >= {sessions}")
 
 
+def check_schedulers(deploy: Mapping[str, Any]) -> None:
+    """Raise when a stage asks for async scheduling: our stage schedulers (``scheduler.py``, named by our pipeline)
+    extend vLLM-Omni's synchronous ones, so the stage would silently lose it."""
+    for stage in deploy.get("stages") or ():
+        if isinstance(stage, Mapping) and _engine_arg(stage, "async_scheduling") is True:
+            raise VoicechatSettingsError(
+                f"stage {stage.get('stage_id')} sets async_scheduling: true, but our stage schedulers extend "
+                "vLLM-Omni's synchronous ones (the engine tick and the batch log): set it to false")
+
+
 def read_settings(config_path: str | Path | None) -> dict[str, Any]:
     """The validated block of the deploy YAML the engine was started with (``{}`` without one), its session position
     guard checked against Stage 0's and Stage 1's request lengths (see the module docstring) and its sessions against
@@ -196,4 +213,5 @@ def read_settings(config_path: str | Path | None) -> dict[str, Any]:
         prompt_token_budget(frames, max_model_len)
     check_talker_length(frames, *talker_lengths(deploy))
     check_concurrency(deploy)
+    check_schedulers(deploy)
     return out
