@@ -36,6 +36,7 @@ from vllm_omni_voicechat.omni.plugin import (  # noqa: E402
     PRIVATE_RUNTIME_CONFIG_KEYS,
     VC_MAX_SESSION_MODEL_FRAMES,
     VC_RENDERED_PROMPT,
+    VC_TALKER_SEED,
     VoiceChatDataPlane,
     VoiceChatDuplexPlugin,
 )
@@ -193,6 +194,30 @@ def test_prepare_runtime_config_tokenizes_our_prompt(fresh):
     assert runtime["nvc_max_model_len"] == 8192
     assert runtime[VC_MAX_SESSION_MODEL_FRAMES] > 0
     assert set(runtime) - {"instructions"} <= PRIVATE_RUNTIME_CONFIG_KEYS
+
+
+def test_the_talker_seed_is_the_prompts_or_the_clients_and_becomes_stage_1s_sampling_seed(fresh):
+    model_config = SimpleNamespace(max_model_len=8192)
+
+    def runtime(**kw):
+        return asyncio.run(fresh.prepare_runtime_config(_config(**kw), model_config=model_config))
+
+    brief, brief_again, other = runtime(instructions="Be brief."), runtime(instructions="Be brief."), runtime()
+    assert brief[VC_TALKER_SEED] == brief_again[VC_TALKER_SEED] != other[VC_TALKER_SEED]  # same prompt, same seed
+    chosen = runtime(instructions="Be brief.", extra_body={"voicechat_seed": 7})
+    assert chosen[VC_TALKER_SEED] == 7
+    defaults = _defaults()
+    configured = fresh.configure_sampling_params(runtime_config=chosen, defaults=defaults)
+    assert [p.seed for p in configured] == [None, 7, None]
+    assert defaults[1].seed is None  # cloned, not mutated
+    validate_duplex_plugin_sampling(fresh, sampling_defaults=defaults)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 1.5, "7", True])
+def test_a_bad_voicechat_seed_is_rejected_with_invalid_seed(plugin, seed):
+    with pytest.raises(DuplexRuntimeConfigError) as info:
+        plugin.validate_client_extra_body({"voicechat_seed": seed})
+    assert info.value.code == "invalid_seed"
 
 
 def test_prepare_runtime_config_requires_max_model_len(fresh):

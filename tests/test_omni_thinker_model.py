@@ -585,3 +585,34 @@ def test_postprocess_serves_the_in_tree_forced_function_queue_to_other_requests_
     assert [(s[0], e[1]) for s, _, e in got] == [(e[0].agent.token_id, None) for _, _, e in got]
     assert m._sessions[theirs_id]["forced_function_tokens"] == [] and m._sessions[theirs_id]["func_token"] == PAD
     assert m._sessions[ours_id]["forced_function_tokens"] == [] and m._vc[ours_id].function == PAD
+
+
+def test_a_forward_of_several_of_our_requests_gives_each_its_own_function_token_and_names_its_batch(engines):
+    """vLLM-Omni's runner hands request i element i of a list output and a lone tensor to every request: the
+    function token is one entry per row (a lone tensor would give one session's token to all), and each position's
+    evidence says how many requests its forward carried (the engine tick's effect, ``stage0_batch``)."""
+    stage0 = ThinkerStage0()
+    first = _first_request(engines)
+    ids = ["duplex-s.one.e.0.r.stage0", "duplex-s.two.e.0.r.stage0", "duplex-s.three.e.0.r.stage0"]
+    reqs = [_Req(rid, list(first.prompt_token_ids), {**first.model_intermediate_buffer, "request_id": rid})
+            for rid in ids]
+    for r in reqs:
+        stage0(r)  # each prefills alone
+    m = stage0.model
+    middle = m._vc[ids[1]].session
+    real_finish = middle.finish
+
+    def distinct(raw_text, raw_fn):  # the middle row's function channel says something else this position
+        text, _, result = real_finish(raw_text, raw_fn)
+        return text, 701, result
+
+    middle.finish = distinct
+    reqs = [_next_request(r) for r in reqs]
+    _, _, mm = _batch_step(stage0, reqs)
+    tokens = mm["nvc_function_token"]
+    assert isinstance(tokens, list) and len(tokens) == 3
+    assert [int(t.reshape(-1)[0]) for t in tokens] == [PAD, 701, PAD]
+    evidence = [decode_step(e, b"", 0.0) for e in mm[EVIDENCE_KEY]]
+    assert [e.telemetry["stage0_batch"] for e in evidence] == [3, 3, 3]
+    _, _, mm = _batch_step(stage0, [_next_request(reqs[0])])
+    assert decode_step(mm[EVIDENCE_KEY][0], b"", 0.0).telemetry["stage0_batch"] == 1

@@ -374,6 +374,51 @@ def test_native_talker_loads_its_gemma3_backbone_and_the_rest(distributed, check
     assert codes.shape == (1, 1, 31) and 0 <= int(codes.min()) and int(codes.max()) < 64
 
 
+def test_our_talker_gives_each_session_a_noise_stream_of_its_own(distributed, checkpoint):
+    """The in-tree talker samples its MoG head from the process's default generator, so a session's codes depend on
+    what else was drawn in between (other sessions' frames); ours swaps each session's own generator state in around
+    its draws: a session interleaved with another, with unrelated draws between, gets exactly the codes it gets
+    alone, and a session's stream is its seed's (omni/talker)."""
+    from vllm_omni_voicechat.omni.talker import ARCHITECTURE, register_architecture
+    from vllm_omni_voicechat.omni.talker.model import RNG_KEY, VoiceChatRealtimeTalker, initial_state
+
+    register_architecture()
+    _, model = build_stage(checkpoint, **{**talker_args(native=True), "model_arch": ARCHITECTURE})
+    assert isinstance(model, VoiceChatRealtimeTalker)
+    g = torch.Generator().manual_seed(1)
+    hidden_a = [torch.randn(1, 1, 64, generator=g) for _ in range(6)]
+    hidden_b = [torch.randn(1, 1, 64, generator=g) for _ in range(6)]
+
+    def session(seed):
+        return {RNG_KEY: initial_state(seed, torch.device("cpu"))}
+
+    def sample(s, hidden):
+        model._draws.append(s)  # what _native_make_omni_output queues for the row it samples
+        return model._mog_graph.run(hidden).reshape(-1).tolist()
+
+    a = session(11)
+    alone = [sample(a, h) for h in hidden_a]
+    a, b = session(11), session(22)
+    together = []
+    for ha, hb in zip(hidden_a, hidden_b):
+        sample(b, hb)
+        torch.rand(7)  # anything else drawing from the process's generator
+        together.append(sample(a, ha))
+    assert together == alone
+    assert [sample(session(12), h) for h in hidden_a] != alone  # another seed, another stream
+
+    # the in-tree talker, for contrast: the same interleaving changes the first session's codes
+    graph = model._mog_graph.inner
+    torch.manual_seed(5)
+    alone = [graph.run(h).reshape(-1).tolist() for h in hidden_a]
+    torch.manual_seed(5)
+    mixed = []
+    for ha, hb in zip(hidden_a, hidden_b):
+        graph.run(hb)
+        mixed.append(graph.run(ha).reshape(-1).tolist())
+    assert mixed != alone
+
+
 # ---- stage 2: the codec ----------------------------------------------------------------------------------------
 
 

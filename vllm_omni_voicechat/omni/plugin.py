@@ -63,6 +63,7 @@ from ..session.tools import InvalidTools, normalize_tools, tool_to_dict
 from .bus import Stage0Bus, Stage0Output
 from .envelope import VC_KEY
 from .stage2 import Stage2AudioError, stage2_audio
+from .talker.seed import MAX_SEED, digest_seed
 
 if TYPE_CHECKING:
     from vllm.config import ModelConfig
@@ -77,6 +78,9 @@ VC_FUNCTION_CALL_TIMEOUT_S = "vc_function_call_timeout_s"
 VC_MAX_FUNCTION_CALLS_PER_RESPONSE = "vc_max_function_calls_per_response"
 VC_FUNCTION_RECOVERY_MAX_FRAMES = "vc_function_recovery_max_frames"
 VC_RENDERED_PROMPT = "vc_rendered_prompt"
+VC_TALKER_SEED = "vc_talker_seed"
+SEED_KEY = "voicechat_seed"
+"""A client's choice of the session's talker seed (``extra_body``): an integer 0 .. 2**63 - 1."""
 
 RUNTIME_DEFAULTS: Mapping[str, object] = {
     VC_MAX_SESSION_MODEL_FRAMES: DEFAULT_MAX_SESSION_MODEL_FRAMES,
@@ -86,13 +90,40 @@ RUNTIME_DEFAULTS: Mapping[str, object] = {
     VC_FUNCTION_RECOVERY_MAX_FRAMES: FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES,
 }
 
-VOICECHAT_PRIVATE_RUNTIME_CONFIG_KEYS = frozenset({*RUNTIME_DEFAULTS, VC_RENDERED_PROMPT})
+VOICECHAT_PRIVATE_RUNTIME_CONFIG_KEYS = frozenset({*RUNTIME_DEFAULTS, VC_RENDERED_PROMPT, VC_TALKER_SEED})
 # The in-tree Nemotron keys stay private too: the delegated planner and data plane read them.
 PRIVATE_RUNTIME_CONFIG_KEYS = VOICECHAT_PRIVATE_RUNTIME_CONFIG_KEYS | NEMOTRON_PRIVATE_RUNTIME_CONFIG_KEYS
 
 
+LATEST_ONLY_KEYS = (
+    "vc_step", "nvc_function_token",  # Stage 0: this position's evidence and function token
+    "codes.audio", "latent", "meta.nvc_logical_prompt_len", "meta.codec_streaming",  # Stage 1's per-step outputs
+)
+"""The per-position outputs of our sessions' stages that vLLM-Omni's output processor must not accumulate."""
+
+
+def keep_latest_outputs() -> None:
+    """vLLM-Omni's output processor keeps every multimodal output of a request for the request's life and, on each
+    finished segment, concatenates the history (``OmniRequestState.mm_accumulated``; in DELTA mode it drains only
+    ``audio`` / ``image``). A duplex session is one request that finishes a segment every position, so each position
+    concatenated everything before it: measured on the CPU engine, one session's step went from 26 ms at 0-30 s to
+    99 ms at 60-70 s, three quarters of the API process in ``_cat_tensors``; the talker's ``codes.audio`` (already
+    cumulative per step) grew quadratically. Each key here is a per-position value (or, for ``codes.audio``, a
+    snapshot): keep the latest only, through vLLM-Omni's own per-key strategy registry."""
+    from vllm_omni.outputs.output_modality import TensorAccumulationStrategy, register_key_accumulation_strategy
+
+    for key in LATEST_ONLY_KEYS:
+        register_key_accumulation_strategy(key, TensorAccumulationStrategy.REPLACE)
+
+
 class VoiceChatRuntimeConfigError(DuplexRuntimeConfigError):
     """A client configuration our plugin rejects (reported with ``code``)."""
+
+
+def _with_seed(params: Any, seed: int) -> Any:
+    params = params.clone() if hasattr(params, "clone") else deepcopy(params)
+    params.seed = seed
+    return params
 
 
 def _stage_id(output: Any) -> int | None:
@@ -141,6 +172,7 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
 
     def __init__(self, encode_audio: EncodeAudio, *, runtime_defaults: Mapping[str, object] | None = None) -> None:
         super().__init__(encode_audio)
+        keep_latest_outputs()
         self.data_plane = VoiceChatDataPlane(encode_audio)
         self._nemotron = NemotronVoiceChatDuplexPlugin(encode_audio)
         # One engine-scoped data plane: the delegate's hooks and ours must see the same instance.
@@ -181,7 +213,13 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
     ) -> tuple[object, ...]:
         # Delegated: Stage 0 greedy (temperature 0, top_p 1, top_k 0), max_tokens 1 (one token per position),
         # ignore_eos, and DELTA output on every stage. This is exactly our Stage-0 contract.
-        return self._nemotron.configure_sampling_params(runtime_config=runtime_config, defaults=defaults)
+        configured = self._nemotron.configure_sampling_params(runtime_config=runtime_config, defaults=defaults)
+        # Ours: the session's talker seed as Stage 1's sampling seed, which vLLM-Omni's runner hands the talker
+        # (``_omni_seed``); our talker draws its noise from a stream of that seed (omni/talker).
+        seed = runtime_config.get(VC_TALKER_SEED)
+        if isinstance(seed, int) and len(configured) > 1 and hasattr(configured[1], "seed"):
+            configured = (configured[0], _with_seed(configured[1], seed), *configured[2:])
+        return configured
 
     def plan_append(
         self,
@@ -282,6 +320,11 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
         )
         if isinstance(extra_body, dict) and extra_body.get("realtime_tools") is not None:
             self._tools(extra_body)
+        if isinstance(extra_body, dict) and SEED_KEY in extra_body:
+            seed = extra_body[SEED_KEY]
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+                raise VoiceChatRuntimeConfigError(f"{SEED_KEY} must be an integer from 0 to 2**63 - 1, not {seed!r}",
+                                                  code="invalid_seed")
 
     @staticmethod
     def _tools(extra_body: Mapping[str, object]) -> tuple[ToolSpec, ...]:
@@ -330,6 +373,9 @@ class VoiceChatDuplexPlugin(DuplexModelPlugin):
         runtime["nvc_tools_signature"] = signature
         runtime["instructions"] = prompt.instructions
         runtime[VC_RENDERED_PROMPT] = rendered
+        # The same conversation is answered with the same audio: the talker's seed is the client's, or the prompt's.
+        chosen = config.extra_body.get(SEED_KEY) if isinstance(config.extra_body, dict) else None
+        runtime[VC_TALKER_SEED] = chosen if isinstance(chosen, int) else digest_seed("prompt", rendered)
         runtime.update(self.runtime_defaults)
         self.data_plane.configure_runtime(runtime, tokenizer=tokenizer)
         return runtime

@@ -262,7 +262,8 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
             req = self._vc.get(request_id)
             if request_id not in self._failed and req is not None and req.pending:
                 try:
-                    finished[request_id] = self._finish_position(request_id, req, hidden[offset - 1 : offset])
+                    finished[request_id] = self._finish_position(request_id, req, hidden[offset - 1 : offset],
+                                                                 batch=len(rows))
                 except Exception as exc:
                     self._fail(request_id, exc)
             if request_id in self._failed:
@@ -272,14 +273,20 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
             order = [i.get("request_id") if isinstance(i, dict) else None for i in info_dicts or ()]
             if not order:
                 order = [rid for rid, _ in rows]
+            # One entry per request, in batch order: vLLM-Omni's runner gives request i element i of a list (and a
+            # lone tensor to every request, which would hand one session's function token to all of them).
             empty = torch.zeros(0, dtype=torch.uint8)
+            no_token = torch.zeros(0, dtype=torch.long)
             mm = out.multimodal_outputs
             mm[EVIDENCE_KEY] = [finished.get(rid, empty) for rid in order]
-            if len(order) == 1 and order[0] in finished and order[0] not in self._failed:
-                mm["nvc_function_token"] = torch.tensor([self._vc[order[0]].function], dtype=torch.long)
+            mm["nvc_function_token"] = [
+                torch.tensor([self._vc[rid].function], dtype=torch.long)
+                if rid in finished and rid not in self._failed else no_token
+                for rid in order
+            ]
         return out
 
-    def _finish_position(self, request_id: str, req: _Request, last: torch.Tensor) -> torch.Tensor:
+    def _finish_position(self, request_id: str, req: _Request, last: torch.Tensor, *, batch: int = 1) -> torch.Tensor:
         req.pending = False
         pad = req.session.ids.pad
         with torch.inference_mode():
@@ -289,7 +296,9 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         text, fn, result = req.session.finish(raw_text, raw_fn)
         req.text, req.function = text, fn
         self._sessions[request_id]["func_token"] = fn
-        return _wire(encode_evidence(result))
+        evidence = encode_evidence(result)
+        evidence["telemetry"]["stage0_batch"] = batch  # the requests this forward carried (the engine tick's effect)
+        return _wire(evidence)
 
     def sample(self, logits: torch.Tensor, sampling_metadata: Any):
         rows = dict(self._duplex_sampling_rows)

@@ -24,9 +24,12 @@ talker): only what the heads read is scripted. Two more pieces are scripted outs
 * the Conformer's channel 0 tracks loudness and the RNNT says ``hello`` once per utterance (blank otherwise; a
   random joint almost never says blank, and settlement needs the blank fence), so the user transcript of any
   spoken turn is ``hello`` and model-owned turn-taking (the tiered dialect) hears words;
-* the codec decoder outputs silence (its last ConvNeXt block emits one constant channel that the spectral head
-  turns into a magnitude of about 1e-18), because settlement also requires silent audio on listening positions.
-  Stage 2 still decodes one 1,764-sample packet per position.
+* the codec decoder is quiet but not deaf: its last ConvNeXt block emits one constant channel that the spectral
+  head turns into a magnitude of about 1e-18 in every bin but DC, where it is about 1e-3, and one latent direction
+  of the talker's codes is carried through the decoder into the DC bin's phase. So its PCM16 samples are -1, 0 or
+  1 and depend on the codes (a test can see whose noise the talker drew), while every packet stays below the
+  runtime's -90 dBFS silence, because settlement requires silent audio on listening positions. Stage 2 decodes one
+  1,764-sample packet per position.
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ class _Layout:
 def apply(tensors: dict[str, Tensors]) -> None:
     """Rewrite the generated stages in place (``weights.all_tensors`` output) to follow the script."""
     _script_thinker(tensors["thinker"])
-    _silence_codec(tensors["codec"])
+    _quiet_codec(tensors["codec"])
 
 
 def _script_thinker(t: Tensors) -> None:
@@ -259,7 +262,7 @@ def _script_rnnt(t: Tensors) -> None:
     t[j + "joint_net.2.bias"][RNNT_VOCAB] = 4.0  # blank
 
 
-def _silence_codec(t: Tensors) -> None:
+def _quiet_codec(t: Tensors) -> None:
     prefix = "tts_model.audio_codec.decoder.layers."
     decoder = sorted({int(k[len(prefix):].split(".")[0]) for k in t if k.startswith(prefix)})
     for k in t:
@@ -269,8 +272,18 @@ def _silence_codec(t: Tensors) -> None:
     channels = t[f"{prefix}{last_block}.pwconv2.bias"].shape[0]
     t[f"{prefix}{last_block}.pwconv2.bias"][0] = 1.0
     head = t[f"{prefix}{decoder[-1]}.weight"]  # [n_fft + 2, channels, 1]: magnitude rows, then phase rows
-    head[: head.shape[0] // 2, 0, 0] = -40.0
+    bins = head.shape[0] // 2
+    head[:bins, 0, 0] = -40.0
     assert channels == head.shape[1]
+    # The code path: a fixed latent direction into channel 1 of the first upsampling layer, carried by the second
+    # (the ConvNeXt blocks between are residual), read by the DC bin's phase; the DC bin's magnitude e**-7 keeps
+    # |samples| under 1.5 LSB (about -94 dBFS).
+    first, second = (t[f"{prefix}{i}.weight"] for i in decoder[:3:2])  # [in, out, kernel] ConvTranspose1d each
+    direction = torch.randn(first.shape[0], generator=torch.Generator().manual_seed(20261204))
+    first[:, 1, :] = (direction / direction.norm())[:, None]
+    second[1, 1, :] = 1.0
+    head[bins, 1, 0] = 20.0
+    head[0, 0, 0] = -7.0
 
 
 __all__ = ["RESPONSE_TEXT", "RESPONSE_WORDS", "TOOL_CALL_PAYLOAD", "TOOL_NAME", "apply", "payload_ids"]
