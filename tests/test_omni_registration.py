@@ -132,11 +132,18 @@ def test_pipeline_is_the_in_tree_topology_with_our_plugin_mode_and_deploy_defaul
     from vllm_omni_voicechat.omni.pipeline import VOICECHAT_DUPLEX_PLUGIN, VOICECHAT_PIPELINE
 
     assert VOICECHAT_DUPLEX_PLUGIN == plugin.PLUGIN_PATH == PLUGIN_PATH
-    ours = {"model_type", "duplex_plugin", "default_session_mode", "default_deploy_config_name"}
+    from vllm_omni_voicechat.omni.scheduler import STAGE_SCHEDULERS
+
+    ours = {"model_type", "duplex_plugin", "default_session_mode", "default_deploy_config_name", "stages"}
     for f in dataclasses.fields(VOICECHAT_PIPELINE):
         if f.name not in ours:
             assert getattr(VOICECHAT_PIPELINE, f.name) == getattr(NEMOTRON_VOICECHAT_PIPELINE, f.name), f.name
-    assert VOICECHAT_PIPELINE.stages == NEMOTRON_VOICECHAT_PIPELINE.stages and len(VOICECHAT_PIPELINE.stages) == 3
+    # the in-tree stages, each with a stage scheduler of ours (the engine tick, chunk waits, the batch log)
+    assert len(VOICECHAT_PIPELINE.stages) == 3
+    assert [dataclasses.replace(s, scheduler_cls=None) for s in VOICECHAT_PIPELINE.stages] == [
+        dataclasses.replace(s, scheduler_cls=None) for s in NEMOTRON_VOICECHAT_PIPELINE.stages]
+    assert all(s.scheduler_cls is None for s in NEMOTRON_VOICECHAT_PIPELINE.stages)
+    assert [s.scheduler_cls for s in VOICECHAT_PIPELINE.stages] == [STAGE_SCHEDULERS[i] for i in range(3)]
     assert VOICECHAT_PIPELINE.model_type == PIPELINE_KEY
     assert VOICECHAT_PIPELINE.duplex_plugin == PLUGIN_PATH
     assert VOICECHAT_PIPELINE.default_session_mode == "duplex"
@@ -229,7 +236,7 @@ def test_deploy_yaml_is_the_in_tree_streaming_duplex_merge_plus_our_changes():
     upstream = load_deploy_config(_DEPLOY_DIR / "nemotron_labs_voicechat_duplex.yaml")
     ours = load_deploy_config(PACKAGED_DEPLOY_CONFIG)
     sessions = ours.duplex_session.max_sessions
-    assert sessions == 4
+    assert sessions == 8  # sized from the model (docs/running-on-gpu.md, "Sizing"; benchmarks/gpu_sizing.py)
     # vLLM-Omni's duplex YAML serves one session (window 1); every admitted session must stream at once
     assert upstream.active_stream_window == 1 and upstream.duplex_session.max_sessions == 1
     expected = dataclasses.replace(
@@ -243,7 +250,8 @@ def test_deploy_yaml_is_the_in_tree_streaming_duplex_merge_plus_our_changes():
     )
     # Stage 0 runs our thinker (RNNT evidence, controls) on the LLM's tokenizer, with room for the position guard
     stage0 = expected.stages[0]
-    expected.stages[0] = dataclasses.replace(stage0, max_model_len=9216, engine_extras={
+    assert stage0.gpu_memory_utilization == 0.62 and expected.stages[1].gpu_memory_utilization == 0.12
+    expected.stages[0] = dataclasses.replace(stage0, max_model_len=9216, gpu_memory_utilization=0.58, engine_extras={
         **stage0.engine_extras,
         "model_arch": "VoiceChatRealtimeThinkerForConditionalGeneration",
         "tokenizer": "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
@@ -252,8 +260,11 @@ def test_deploy_yaml_is_the_in_tree_streaming_duplex_merge_plus_our_changes():
     # vLLM-Omni's own non-streaming YAML has it (the streaming one says 16,383); omni/settings checks the guard
     stage1 = expected.stages[1]
     assert stage1.max_model_len == 16384 and stage1.default_sampling_params["max_tokens"] == 16383
-    expected.stages[1] = dataclasses.replace(stage1, default_sampling_params={
-        **stage1.default_sampling_params, "max_tokens": 16347})
+    # and runs our talker: vLLM-Omni's, drawing its noise from a stream per session (omni/talker)
+    # (its fp32 KV for eight full-length sessions: a larger share, taken from Stage 0's)
+    expected.stages[1] = dataclasses.replace(stage1, gpu_memory_utilization=0.16, default_sampling_params={
+        **stage1.default_sampling_params, "max_tokens": 16347}, engine_extras={
+        **stage1.engine_extras, "model_arch": "VoiceChatRealtimeTalkerForConditionalGeneration"})
     assert ours == expected
 
 
