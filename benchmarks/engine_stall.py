@@ -1,0 +1,129 @@
+"""The "second session waits for the first" stall, reproduced: short overlapping sessions on a real engine on CPU that
+has already served others, pair after pair, measuring how long the second session waits for its first position.
+
+Each pair: session A connects and starts a burst-fed turn (speech, commit, its response); while A's positions run,
+session B connects and does the same. B's wait is its first append written -> B's first position's metrics at the
+client (its first Stage-0 token and Stage-2 packet through all three stages). The client's own event loop lag is
+measured beside it (a 10 ms ticker), and the kernel's log is read for stall reports (workqueue lockups, starved
+RCU kthreads) when it can be read. A server that is on time answers B within a few positions whatever A does.
+
+    .engine-venv/bin/python benchmarks/engine_stall.py [--pairs 20] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info, now_utc, write_report  # noqa: E402
+
+WAIT_BOUND_S = 0.3
+
+
+def speech() -> bytes:
+    from vllm_omni_voicechat.audio.speech import render_speech
+
+    return bytes(2560) * 2 + render_speech("what time is it") + bytes(2560) * 4
+
+
+async def one_turn(url: str, name: str, started: asyncio.Event | None = None) -> dict:
+    from vllm_omni_voicechat.client import V3Client
+
+    loop = asyncio.get_running_loop()
+    async with await V3Client.connect(url + "/v1/voicechat") as c:
+        await c.configure(f"Stall probe {name}.")
+        turn = await c.start_turn(1)
+        sent = loop.time()
+        if started is not None:
+            started.set()
+        await c.send_audio(speech(), paced=False)
+        await c.commit(1)
+        await c.wait_for(lambda e: e["type"] == "voicechat.metrics" and e.get("frame") is not None, timeout=120)
+        waited = loop.time() - sent
+        response = await c.response_for(turn, timeout=120)
+        await c.response_done(response.response_id, timeout=120)
+        await c.stop()
+        return {"first_position_s": round(waited, 3), "errors": [e["error"]["code"] for e in c.errors]}
+
+
+async def pair(url: str) -> dict:
+    lag = {"max_s": 0.0}
+
+    async def ticker():
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(0.01)
+            lag["max_s"] = max(lag["max_s"], time.monotonic() - t - 0.01)
+
+    tick = asyncio.create_task(ticker())
+    a_started = asyncio.Event()
+    a = asyncio.create_task(one_turn(url, "A", started=a_started))
+    await a_started.wait()
+    await asyncio.sleep(0.2)  # A's positions are running
+    b = await one_turn(url, "B")
+    a = await a
+    tick.cancel()
+    return {"a": a, "b": b, "client_loop_lag_max_s": round(lag["max_s"], 3)}
+
+
+def kernel_stall_reports() -> int | None:
+    """Stall reports in the kernel's log (None when it cannot be read)."""
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    keys = ("workqueue lockup", "rcu_preempt kthread starved", "stalled CPU-bound worker", "hung_task")
+    return sum(any(k in line for k in keys) for line in out.stdout.splitlines())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=20)
+    parser.add_argument("--warm-sessions", type=int, default=3, help="sessions served before the pairs (default 3)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_stall.json"))
+    args = parser.parse_args()
+
+    from vllm_omni_voicechat.omni.local_server import engine_available, engine_server
+    from vllm_omni_voicechat.omni.tiny import make_tiny_checkpoint
+
+    reason = engine_available()
+    if reason:
+        print(f"engine_stall: {reason}", file=sys.stderr)
+        return 2
+    kernel_before = kernel_stall_reports()
+    report: dict = {"machine": machine_info(), "timestamp": now_utc(), "bound_s": WAIT_BOUND_S, "pairs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = make_tiny_checkpoint(Path(tmp) / "tiny")
+        with engine_server(checkpoint, Path(tmp)) as server:
+            report["startup_s"] = round(server.started_s, 1)
+            for i in range(args.warm_sessions):
+                asyncio.run(one_turn(server.ws, f"warm {i}"))
+            for i in range(args.pairs):
+                result = asyncio.run(pair(server.ws))
+                report["pairs"].append(result)
+                print(f"pair {i + 1}: B waited {result['b']['first_position_s']} s for its first position (A "
+                      f"{result['a']['first_position_s']} s), client loop lag max {result['client_loop_lag_max_s']} s",
+                      flush=True)
+    kernel_after = kernel_stall_reports()
+    waits = [p["b"]["first_position_s"] for p in report["pairs"]]
+    report["summary"] = {
+        "pairs": len(waits), "second_session_wait_max_s": max(waits), "over_bound": sum(w > WAIT_BOUND_S for w in waits),
+        "errors": sum(len(p["a"]["errors"]) + len(p["b"]["errors"]) for p in report["pairs"]),
+        "client_loop_lag_max_s": max(p["client_loop_lag_max_s"] for p in report["pairs"]),
+        "kernel_stall_reports": None if kernel_before is None or kernel_after is None else kernel_after - kernel_before,
+    }
+    print(report["summary"])
+    print(f"report: {write_report(report, args.out)}")
+    return 0 if report["summary"]["over_bound"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
