@@ -16,8 +16,10 @@ steady state is measured:
   (``stage0_batch``), and every stage from our stage schedulers' log (cumulative counts logged at most every 2 s:
   the window's edges are as precise as that).
 
-``--slots 40 0`` runs the engine once per tick slot (0: no batching) with everything else as deployed. Run in the
-engine venv (scripts/install_omni_cpu.sh VENV --engine):
+``--slots 40 0`` runs the engine once per tick slot (0: no batching) with everything else as deployed.
+``--server-root DIR --env KEY=VALUE ...`` serves another checkout's code with its own CPU deploy YAML and environment
+(the code before a change, for a before/after in one hour; its YAML gets only the session count). Run in the engine
+venv (scripts/install_omni_cpu.sh VENV --engine):
 
     .engine-venv/bin/python benchmarks/engine_concurrency.py [--sessions 1 2 3 4] [--window 60] [--slots 40 0]
 """
@@ -78,6 +80,7 @@ class Stats:
 
 
 async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
+    import websockets
     from websockets.asyncio.client import connect
 
     client = ScriptedClient("v3", random.Random(spec["seed"] + index), AppendCache("v3"))
@@ -143,13 +146,17 @@ async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
                 delay = due - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)  # real-time pacing on an absolute schedule
-                for text in client.tick():
-                    if '"input_audio_buffer.append"' in text:
-                        sent_at[frame] = time.monotonic()
-                        frame += 1
-                    await ws.send(text)
-            await ws.send(json.dumps({"type": "session.stop", "event_id": "stop"}))
+                try:
+                    for text in client.tick():
+                        if '"input_audio_buffer.append"' in text:
+                            sent_at[frame] = time.monotonic()
+                            frame += 1
+                        await ws.send(text)
+                except websockets.ConnectionClosed as exc:
+                    stats.errors.append(f"session {index}: closed {exc}")
+                    break
             try:
+                await ws.send(json.dumps({"type": "session.stop", "event_id": "stop"}))
                 await asyncio.wait_for(reading, 30)
             except (asyncio.TimeoutError, Exception):
                 pass
@@ -232,14 +239,25 @@ def trial(server, n: int, args: argparse.Namespace) -> dict:
     }
 
 
-def derived_deploy(path: Path, slot_ms: float, max_sessions: int) -> Path:
+def derived_deploy(path: Path, slot_ms: float | None, max_sessions: int, root: Path | None = None) -> Path:
     import yaml
 
     from vllm_omni_voicechat.omni.local_server import CPU_DEPLOY
 
-    deploy = yaml.safe_load(CPU_DEPLOY.read_text())
-    deploy["voicechat"]["tick_slot_ms"] = slot_ms
-    deploy["duplex_session"]["max_sessions"] = max(max_sessions, deploy["duplex_session"]["max_sessions"])
+    source = CPU_DEPLOY if root is None else root / "vllm_omni_voicechat/omni/deploy/voicechat-cpu.yaml"
+    deploy = yaml.safe_load(source.read_text())
+    if slot_ms is not None:
+        deploy["voicechat"]["tick_slot_ms"] = slot_ms
+    # a whole trial in one session: 80 s at up to ~16 positions a second (Stage 0's request: the guard + a prompt;
+    # the talker's still fits: 37 + 3 x 2,000 <= the CPU YAML's Stage-1 max_model_len)
+    deploy["voicechat"]["max_session_model_frames"] = max(2000, deploy["voicechat"].get("max_session_model_frames", 0))
+    stage0 = next(stage for stage in deploy["stages"] if stage["stage_id"] == 0)
+    stage0["max_model_len"] = stage0["max_num_batched_tokens"] = max(4096, stage0.get("max_model_len") or 0)
+    sessions = max(max_sessions, deploy["duplex_session"]["max_sessions"])
+    deploy["duplex_session"]["max_sessions"] = sessions
+    deploy["active_stream_window"] = max(sessions, deploy.get("active_stream_window") or 0)
+    for stage in deploy["stages"]:
+        stage["max_num_seqs"] = max(sessions, stage.get("max_num_seqs") or 1)
     path.write_text(yaml.safe_dump(deploy, sort_keys=False))
     return path
 
@@ -277,6 +295,8 @@ def main() -> int:
     parser.add_argument("--slots", type=float, nargs="+", default=[40.0, 0.0],
                         help="tick slots in ms, one engine each (default 40 0; 0 = no batching)")
     parser.add_argument("--spread", action="store_true", help="spread the sessions' phases across one frame")
+    parser.add_argument("--server-root", type=Path, help="serve this checkout's code (and its CPU deploy YAML)")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="server environment")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_concurrency.json"))
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: beside --out)")
     args = parser.parse_args()
@@ -290,15 +310,23 @@ def main() -> int:
         return 2
     report: dict = {"machine": machine_info(), "timestamp": now_utc(), "late_ms": LATE_MS, "budget_ms": BUDGET_MS,
                     "parameters": {"sessions": args.sessions, "window_s": args.window, "warmup_s": args.warmup,
-                                   "slots_ms": args.slots, "spread": args.spread}, "series": []}
+                                   "slots_ms": args.slots, "spread": args.spread,
+                                   "server_root": str(args.server_root) if args.server_root else None,
+                                   "env": args.env}, "series": []}
+    extra_env = dict(item.split("=", 1) for item in args.env)
+    if args.server_root is not None:
+        import os
+
+        extra_env["PYTHONPATH"] = os.pathsep.join([str(args.server_root.resolve()), os.environ.get("PYTHONPATH", "")])
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = make_tiny_checkpoint(Path(tmp) / "tiny")
         for slot in args.slots:
             logs = Path(tmp) / f"slot{slot:g}"
             logs.mkdir()
             series: dict = {"slot_ms": slot, "trials": []}
-            deploy = derived_deploy(logs / "deploy.yaml", slot, max(args.sessions))
-            with engine_server(checkpoint, logs, deploy=deploy) as server:
+            deploy = derived_deploy(logs / "deploy.yaml", slot if args.server_root is None else None,
+                                    max(args.sessions), args.server_root)
+            with engine_server(checkpoint, logs, deploy=deploy, extra_env=extra_env) as server:
                 series["startup_s"] = round(server.started_s, 1)
                 for n in args.sessions:
                     result = trial(server, n, args)

@@ -351,3 +351,23 @@ def test_capability_fields_we_set_exist():
         "supports_text_only_turn",
         "optional_input_modalities",
     } <= names
+
+
+def test_our_per_position_outputs_are_kept_latest_only_not_accumulated_for_the_sessions_life(plugin):
+    """vLLM-Omni's output processor keeps a request's multimodal outputs for its life and concatenates the history
+    on every finished segment (a duplex session finishes one every position): our keys keep the latest only."""
+    import torch
+    from vllm_omni.outputs.mm_outputs import MultimodalPayload
+    from vllm_omni.outputs.output_modality import OutputModality, TensorAccumulationStrategy, get_accumulation_strategy
+
+    from vllm_omni_voicechat.omni.plugin import LATEST_ONLY_KEYS
+
+    for key in LATEST_ONLY_KEYS:
+        for modality in (OutputModality.TEXT, OutputModality.LATENT, OutputModality.AUDIO):
+            assert get_accumulation_strategy(modality, key) is TensorAccumulationStrategy.REPLACE, key
+    accumulated = MultimodalPayload()
+    for position in range(50):  # what OmniRequestState does with each position's output, then consolidates
+        incoming = MultimodalPayload.from_raw({"vc_step": torch.full((900,), position, dtype=torch.uint8)}, "text")
+        accumulated = accumulated.merged_with(incoming)
+        accumulated.consolidate_tensors(OutputModality.TEXT)
+    assert accumulated.tensors["vc_step"].shape == (900,) and int(accumulated.tensors["vc_step"][0]) == 49

@@ -121,6 +121,27 @@ def test_chunk_arrivals_is_a_set_that_wakes_its_waiter():
     arrivals.wait(5.0)  # not empty: returns at once
 
 
+def test_settling_waits_for_chunks_that_keep_coming_and_no_longer():
+    import time
+
+    arrivals = ChunkArrivals({"a"})
+
+    def sender(names, gap):
+        for name in names:
+            time.sleep(gap)  # the previous stage's sender thread, one chunk after another
+            arrivals.add(name)
+
+    thread = threading.Thread(target=sender, args=(["b", "c"], 0.0002))
+    thread.start()
+    arrivals.settle(3, gap=0.05, bound=5.0)  # all three arrive
+    thread.join(5)
+    assert arrivals == {"a", "b", "c"}
+    t0 = time.monotonic()
+    arrivals.settle(4, gap=0.01, bound=5.0)  # a fourth never comes: one gap, not the bound
+    assert time.monotonic() - t0 < 1.0
+    arrivals.settle(2, gap=5.0, bound=5.0)  # already there: at once
+
+
 def test_received_chunks_swaps_the_adapters_set_once():
     adapter = SimpleNamespace(_finished_load_reqs={"a"})
     scheduler = SimpleNamespace(chunk_transfer_adapter=adapter)

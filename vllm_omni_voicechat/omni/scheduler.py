@@ -16,7 +16,10 @@ core keeps stepping them empty about every 1 ms (a request waiting for a chunk g
 schedule, so the core never blocks): measured here, one open and idle session cost 0.31 + 0.28 cores in those two
 processes, more than the model work of a real-time session. ``_IdleWait`` makes the schedule after an empty one
 wait until a chunk has arrived, at most ``IDLE_WAIT_S``: a chunk is scheduled as soon as the adapter's receive thread
-has it, and new requests and aborts wait at most ``IDLE_WAIT_S`` in the core's input queue. To be woken, the
+has it, and new requests and aborts wait at most ``IDLE_WAIT_S`` in the core's input queue. The chunks of one
+Stage-0 forward arrive one after another (the previous stage's sender thread sends them in turn), so once one has
+arrived the wait goes on while more keep coming (each within ``SETTLE_S``, at most ``SETTLE_MAX_S``) until every
+request of the stage has its chunk: the sessions' positions share this stage's forward too. To be woken, the
 scheduler swaps the chunk adapter's set of received chunks for one that signals each addition (``ChunkArrivals``;
 ``OmniTransferAdapterBase._finished_load_reqs``, a private attribute of vLLM-Omni 0.30.0 that nothing else
 reassigns; pinned by ``tests/test_omni_scheduler.py``). Without it the wait polls.
@@ -44,6 +47,10 @@ TICK_HOLD_S = 0.02
 """How long Stage 0 waits for the rest of a tick after its first position arrived (the tick's submissions reach the
 core within a few milliseconds of each other; a member whose submission failed must not stall the others)."""
 IDLE_WAIT_S = 0.01
+SETTLE_S = 0.0005
+"""After a chunk arrives, how long the next may take to count as the same batch (the chunks of one Stage-0 forward
+arrive one after another from the previous stage's sender thread)."""
+SETTLE_MAX_S = 0.002
 BATCH_LOG_S = 2.0
 BATCH_LOG_FORMAT = "voicechat stage %d forwards by requests: %s"
 
@@ -171,6 +178,16 @@ class ChunkArrivals(set):
             if not self:
                 self.arrived.wait(timeout)
 
+    def settle(self, expected: int, gap: float, bound: float) -> None:
+        """Until ``expected`` chunks are in, or none came within ``gap`` of the last, at most ``bound``."""
+        deadline = time.monotonic() + bound
+        with self.arrived:
+            while len(self) < expected:
+                seen = len(self)
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.arrived.wait(min(gap, left)) or len(self) == seen:
+                    return
+
 
 def received_chunks(scheduler: Any) -> set | None:
     """The chunk adapter's set of received chunks (None: this stage receives none), made a ``ChunkArrivals``."""
@@ -210,6 +227,9 @@ class _IdleWait:
             return
         self.vc_idle_waits += 1
         received.wait(IDLE_WAIT_S)
+        if received and len(self.requests) > 1:  # type: ignore[attr-defined]
+            # the other sessions' chunks of the same Stage-0 forward are a moment behind: one forward for them all
+            received.settle(len(self.requests), SETTLE_S, SETTLE_MAX_S)  # type: ignore[attr-defined]
 
     def _note_idle(self, output: Any) -> None:
         self._vc_idle = getattr(output, "total_num_scheduled_tokens", 0) <= 0
