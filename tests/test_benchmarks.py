@@ -143,3 +143,23 @@ def test_memory_counts_what_the_token_audio_cache_holds():
         tracemalloc.stop()
     estimate = memory.token_audio_cache_bytes() * 4 / 5
     assert abs(estimate - held) <= 0.005 * held, (estimate, held)
+
+
+def test_gpu_sizing_states_what_one_gpu_holds(tmp_path, monkeypatch):
+    """The sizing behind deploy/voicechat.yaml's eight sessions (docs/running-on-gpu.md, "Sizing")."""
+    import gpu_sizing
+
+    out = tmp_path / "sizing.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_sizing.py", "--out", str(out)])
+    assert gpu_sizing.main() == 0
+    report = json.loads(out.read_text())
+    assert report["memory_per_session_mib"]["thinker_kv"] == 144.0
+    h100 = report["gpus"]["H100 SXM (80 GB, 3.35 TB/s)"]
+    assert h100["compute_bound_sessions"]["unbatched"] == 4
+    assert h100["compute_bound_sessions"]["tick_2_forwards"] >= 8 and h100["memory_bound_sessions"] >= 8
+    measured = tmp_path / "costs.json"
+    measured.write_text(json.dumps({"stage1_row_ms": 6.0}))  # a slower talker than estimated: fewer fit
+    monkeypatch.setattr(sys, "argv", ["gpu_sizing.py", "--costs", str(measured), "--out", str(out)])
+    assert gpu_sizing.main() == 0
+    assert json.loads(out.read_text())["gpus"]["H100 SXM (80 GB, 3.35 TB/s)"]["compute_bound_sessions"][
+        "tick_2_forwards"] < 8
