@@ -387,7 +387,7 @@ UNSERVABLE = [
     ({"type": "response.create", "response": {"max_output_tokens": 20}},
      "unsupported_native_response_options", "response.max_output_tokens"),
     ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_empty", None),
-    ({"type": "response.cancel"}, "response_not_active", "response_id"),
+    ({"type": "response.cancel"}, "response_cancel_not_active", "response_id"),  # OpenAI's code
     ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
         "type": "server_vad", "create_response": False}}}}}, "unsupported_turn_detection",
      "turn_detection.create_response"),
@@ -454,6 +454,7 @@ def test_response_create_while_a_manual_response_is_open_is_an_error(base):
             await f.conn.send({"type": "response.create", "event_id": "again"})
             await f.until("error")
             await f.until("rate_limits.updated")
-            assert [(e["code"], e["event_id"]) for e in f.errors()] == [("response_already_active", "again")]
+            assert [(e["code"], e["event_id"]) for e in f.errors()] == [
+                ("conversation_already_has_active_response", "again")]  # OpenAI's code
 
     run(flow)

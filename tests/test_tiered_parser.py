@@ -279,7 +279,9 @@ BAD: list[tuple[dict, str, str | None]] = [
        f"response.{key}")
       for key, value in [("instructions", "x"), ("voice", "alloy"), ("temperature", 0.5),
                          ("max_output_tokens", 5), ("max_response_output_tokens", "inf"), ("max_tokens", 3),
-                         ("tools", []), ("tool_choice", "auto")]],
+                         ("tools", []), ("tool_choice", "required"), ("tool_choice", "none")]],
+    *[({"type": "response.create", "response": {"metadata": value}}, "bad_event", "response.metadata")
+      for value in ["x", {"k": 1}, {"k" * 65: "v"}, {"k": "v" * 513}, {f"k{i}": "v" for i in range(17)}]],
     ({"type": "response.create", "response": {"output_audio_format": "wav"}}, "unsupported_audio_format",
      "response.output_audio_format"),
     ({"type": "response.create", "response": {"output_audio_format": "pcm_f32le"}}, "unsupported_audio_format",

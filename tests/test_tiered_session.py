@@ -102,10 +102,12 @@ def tiered():
     drivers: list[TieredDriver] = []
 
     def make(session: dict | None = None, *, lane: str = "full", **options: Any) -> TieredDriver:
+        config: dict[str, Any] = {}
         if lane == "openai":
             options.setdefault("autostart", True)
             options.setdefault("model", "sim")
-        d = TieredDriver(options=TieredOptions(lane=lane, **options))
+            config = {"session_id": "sess_0123456789abcdef0123456789", "call_id_hex": 27}  # as the server's
+        d = TieredDriver(options=TieredOptions(lane=lane, **options), **config)
         drivers.append(d)
         if lane == "full":
             assert types(d.send({"type": "session.update", "session": session or {"instructions": "Be brief."}})) == [
@@ -981,10 +983,20 @@ def test_malformed_frames_give_typed_errors(tiered, frame, code, event_id):
 # ==================================================================================================== 9. OpenAI lane
 
 
+def _ids(value: Any, key: str = "") -> list[str]:
+    if isinstance(value, dict):
+        return [i for k, v in value.items() for i in _ids(v, k)]
+    if isinstance(value, list):
+        return [i for v in value for i in _ids(v, key)]
+    return [value] if isinstance(value, str) and (key == "id" or key.endswith("_id")) else []
+
+
 def assert_openai_compatible(events: list[dict]) -> None:
     assert not set(types(events)) & _TIER3
     for event in events:
         validate_openai_server_event(event)
+        # every id the lane mints within OpenAI's 32 characters (LiveKit rewrites a longer call id)
+        assert all(len(i) <= 32 for i in _ids(event)), (event["type"], _ids(event))
 
 
 def test_the_openai_lane_speaks_cancels_calls_tools_and_errors_in_ga_events_only(tiered):
@@ -1014,7 +1026,7 @@ def test_the_openai_lane_speaks_cancels_calls_tools_and_errors_in_ga_events_only
     b = d.run()
     assert_spoken_reply(b, one(b, "response.created")["response_id"], "The result is sunny.")
 
-    assert errors(d.send({"type": "response.cancel"})) == [("response_not_active", "response_id")]
+    assert errors(d.send({"type": "response.cancel"})) == [("response_cancel_not_active", "response_id")]
     assert errors(d.send({"type": "nope"})) == [("unknown_event", "type")]
     assert d.send({"type": "session.heartbeat"}) == [] and d.send({"type": "turn.signal", "event": "x"}) == []
     d.send({"type": "session.close"})
@@ -1043,6 +1055,44 @@ def test_openai_manual_turns_the_commit_seals_and_settles_and_only_response_crea
     events = d.run()
     assert collapse(types(events)) == OPENAI_RESPONSE
     assert_spoken_reply(events, "resp_1", "You said: Hello there.")
+    assert_openai_compatible(d.events)
+
+
+def test_openai_response_metadata_is_echoed_on_the_response_it_opens_and_tool_choice_auto_is_no_override(tiered):
+    """LiveKit matches a ``generate_reply`` to its response by ``metadata.client_event_id`` and asks for the reply
+    after a tool with ``tool_choice: "auto"`` (the session's own): both served, on the response each opens."""
+    d = tiered({"type": "realtime", "tools": [TOOL], "audio": {"input": {"turn_detection": None}}}, lane="openai")
+    speak(d, "Hello there", **HZ16)
+    d.run()
+    d.send({"type": "input_audio_buffer.commit"})
+    d.run()
+    assert d.send({"type": "response.create", "event_id": "r1",
+                   "response": {"metadata": {"client_event_id": "r1"}, "instructions": None}}) == []
+    events = d.run()
+    created, done = one(events, "response.created"), one(events, "response.done")
+    assert created["response"]["metadata"] == done["response"]["metadata"] == {"client_event_id": "r1"}
+    # a tool turn: the reply after the output is asked for with tool_choice auto
+    speak(d, WEATHER_CALL, **HZ16)
+    d.run()
+    d.send({"type": "input_audio_buffer.commit"})
+    d.run()
+    d.send({"type": "response.create", "event_id": "r2", "response": {"metadata": {"client_event_id": "r2"}}})
+    call = one(run_until(d, "rate_limits.updated"), "response.function_call_arguments.done")
+    assert len(call["call_id"]) <= 32
+    d.send({"type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}})
+    assert d.send({"type": "response.create", "event_id": "r3",
+                   "response": {"tool_choice": "auto", "metadata": {"client_event_id": "r3"}}}) == []
+    b = d.run()
+    assert one(b, "response.created")["response"]["metadata"] == {"client_event_id": "r3"}
+    assert_spoken_reply(b, one(b, "response.created")["response_id"], "The result is sunny.")
+    # without metadata: the lane's own
+    speak(d, "Again", **HZ16)
+    d.run()
+    d.send({"type": "input_audio_buffer.commit"})
+    d.run()
+    d.send({"type": "response.create"})
+    assert one(d.run(), "response.created")["response"]["metadata"] == {"epoch": "0"}
     assert_openai_compatible(d.events)
 
 

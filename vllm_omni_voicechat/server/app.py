@@ -33,6 +33,7 @@ from ..model.port import ModelTimeout
 from ..ops import prometheus
 from ..ops.usage import UsageBook
 from ..session.core import SessionConfig, SessionCore
+from ..session.functions import CALL_ID_HEX
 from ..shell.aio import SessionShell
 from ..trace.tap import tap_socket
 from ..wire.tiered import parser as tiered_parser
@@ -312,9 +313,11 @@ class VoicechatServer:
             await self._answer(websocket, err, CLOSE_TRY_AGAIN_LATER, "resource_exhausted")
             return
         cfg = self.config
+        openai_lane = route.lane != "full"  # OpenAI caps ids at 32 characters (LiveKit rewrites longer call ids)
         core = SessionCore(
             SessionConfig(
-                session_id=f"duplex-{cfg.ids.hex(16)}",
+                session_id=f"sess_{cfg.ids.hex(13)}" if openai_lane else f"duplex-{cfg.ids.hex(16)}",
+                call_id_hex=27 if openai_lane else CALL_ID_HEX,
                 settlement_blank_frames=cfg.settlement_blank_frames,
                 max_session_model_frames=cfg.max_session_model_frames,
                 typed_input_ready=self.typed_ready,

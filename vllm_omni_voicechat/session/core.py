@@ -59,6 +59,7 @@ from .events import (
     TypedRejected,
 )
 from .functions import (
+    CALL_ID_HEX,
     FUNCTION_CALL_TIMEOUT_S,
     FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES,
     MAX_FUNCTION_CALLS_PER_RESPONSE,
@@ -113,6 +114,9 @@ class SessionConfig:
     ends it (RNNT blank fence -> EOU); a client ``CommitInput`` forces the end (the tiered dialect)."""
     model_eou_blank_frames: int | None = None
     """The model-owned EOU fence in blank positions (default: ``settlement_blank_frames``)."""
+    call_id_hex: int = CALL_ID_HEX
+    """Hex digits of a published call id (``call_`` + this many): 27 where a wire caps ids at 32 characters (the
+    OpenAI lane, as OpenAI does; LiveKit rewrites a longer one and the output then names no pending call)."""
     max_queued_input_frames: int = 1500
     """Input frames waiting for the model clock (120 s; ~3.8 MB). An append beyond it is refused whole with the
     recoverable ``input_backpressure``: a client sending faster than real time cannot grow the session's memory."""

@@ -32,9 +32,13 @@ DEFERRED_INPUT_MAX_BYTES = 1 << 20
 Tokenizer = Callable[[str], Sequence[str]]
 
 
-def call_id_for(session_id: str, n: int) -> str:
-    """``call_<32 hex>``, unique per session and deterministic (the core stays pure)."""
-    return "call_" + hashlib.sha256(f"{session_id}:{n}".encode()).hexdigest()[:32]
+CALL_ID_HEX = 32
+"""A call id's hex digits: ``call_<32 hex>``, the v3 reference's convention (ids are opaque to its contract)."""
+
+
+def call_id_for(session_id: str, n: int, hex_digits: int = CALL_ID_HEX) -> str:
+    """``call_<hex>``, unique per session and deterministic (the core stays pure)."""
+    return "call_" + hashlib.sha256(f"{session_id}:{n}".encode()).hexdigest()[:hex_digits]
 
 
 def advertised_name(call_name: str, tools: Sequence[ToolSpec]) -> str:
@@ -201,7 +205,7 @@ class FunctionCycles:
             self._scope_turn_id, self._scope_calls = turn_id, 0  # a new user turn starts a fresh budget
         self._scope_calls += 1
         self._published += 1
-        call_id = call_id_for(core.session_id, self._published)
+        call_id = call_id_for(core.session_id, self._published, core.config.call_id_hex)
         limit = core.config.max_function_calls_per_response
         if self._scope_calls > limit:
             core.fatal(

@@ -38,7 +38,7 @@ from .input_buffer import InputBuffer
 from .journal import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, InvalidAck, Journal, ResyncRequired
 from .lease import Lease, Reattached, ResumeRefused
 from .outgoing import Outgoing
-from .projector import Refused, TieredProjector, WireEvent
+from .projector import Refused, TieredProjector, WireEvent, function_item_id
 from .response_options import unservable_response_options
 from .schema import DISCONNECT_GRACE_S, MAX_PENDING_INPUT_BYTES, capabilities
 from .settings import SessionSettings, SettingsError, apply_update, default_settings, render_session
@@ -384,7 +384,8 @@ class TieredSession:
         if any(isinstance(o, ev.Error) for o in raw):
             return self._project(raw, now)
         self._answered_calls.add(call_id)
-        item_id = item.get("id") if isinstance(item.get("id"), str) else f"item_fco_{call_id}"
+        item_id = item.get("id") if isinstance(item.get("id"), str) else (
+            f"item_fco_{call_id}" if self.tier3 else function_item_id(call_id, "fco"))
         out = self._emit(self.projector.add_function_output(item_id, call_id, output), now)
         return out + self._project(raw, now)
 
@@ -407,6 +408,9 @@ class TieredSession:
             refused = unservable_response_options(e, self.settings)
             if refused is not None:
                 return self._error(refused.code, refused.message, e.event_id, refused.param, now)
+        if not self.tier3 and self.projector.active is None:
+            metadata = (e.response or {}).get("metadata")
+            self.projector.next_metadata = dict(metadata) if isinstance(metadata, dict) else None
         command = self.answer.create(e.event_id)
         if command is not None:
             return self._submit(command, now)  # behind a commit or the first prefill still in flight
@@ -416,6 +420,10 @@ class TieredSession:
                                                                          self.core.microphone_turn_settling):
             return []  # the model's own end of turn answers (being opened or open): nothing more to start
         if self.projector.active is not None:
+            if not self.tier3:  # OpenAI's code (Pipecat reads on after it, and only after a few codes)
+                return self._error("conversation_already_has_active_response",
+                                   f"Conversation already has an active response in progress: {self.projector.active.id}",
+                                   e.event_id, None, now)
             return self._error("response_already_active", "a response is in progress", e.event_id, None, now)
         return self._error("response_create_without_input", "nothing to respond to: commit audio or add text first",
                             e.event_id, None, now)
@@ -425,6 +433,9 @@ class TieredSession:
         if active is None or (e.response_id is not None and e.response_id != active.id):
             if e.response_id is not None and e.response_id in self.projector.responses:
                 return []  # a finished or fenced response: benign
+            if not self.tier3:  # OpenAI's code and message (Pipecat reads on after it, LiveKit ignores it)
+                return self._error("response_cancel_not_active", "Cancellation failed: no active response found",
+                                   e.event_id, "response_id", now)
             return self._error("response_not_active", "no response is in progress", e.event_id, "response_id", now)
         return self._cancel("client_cancelled", now)
 

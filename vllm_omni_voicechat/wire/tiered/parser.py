@@ -475,7 +475,11 @@ def _truncate(obj: dict, base: dict) -> ClientEvent:
     return ConversationItemTruncate(**base, item_id=item_id, audio_end_ms=end, content_index=index)
 
 
-_UNSUPPORTED_RESPONSE_KEYS = ("instructions", "voice", "temperature", "tools", "tool_choice")
+_UNSUPPORTED_RESPONSE_KEYS = ("instructions", "voice", "temperature", "tools")
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+"""OpenAI's bounds on ``metadata``: 16 pairs, keys of 64 characters, string values of 512."""
 _MAX_TOKENS = re.compile(r"^max_.*tokens$")
 
 
@@ -485,7 +489,10 @@ def _response_create(obj: dict, base: dict) -> ClientEvent:
     rate: int | None = None
     if response is not None:
         for key in response:
-            if response[key] is not None and (key in _UNSUPPORTED_RESPONSE_KEYS or _MAX_TOKENS.match(key)):
+            if key == "tool_choice" and response[key] == "auto":
+                continue  # the session's own (the only one it takes): no override (LiveKit sends it after a tool)
+            if response[key] is not None and (key in _UNSUPPORTED_RESPONSE_KEYS or key == "tool_choice"
+                                              or _MAX_TOKENS.match(key)):
                 raise FieldRejected(
                     "unsupported_native_response_options",
                     f"response.{key} is not supported by this model",
@@ -500,7 +507,23 @@ def _response_create(obj: dict, base: dict) -> ClientEvent:
         if fmt is None and isinstance(output, dict) and output.get("format") is not None:
             fmt, rate = _format(output["format"], "response.audio.output.format", output=True)
         response = dict(response)
+        _check_metadata(response.get("metadata"))
     return ResponseCreate(**base, response=response, output_format=fmt, output_sample_rate_hz=rate)
+
+
+def _check_metadata(metadata: Any) -> None:
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise FieldRejected("bad_event", "response.metadata must be an object", "response.metadata")
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise FieldRejected("bad_event", f"response.metadata holds at most {MAX_METADATA_PAIRS} pairs",
+                            "response.metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS or not isinstance(value, str) or len(value) > MAX_METADATA_VALUE_CHARS:
+            raise FieldRejected("bad_event", f"response.metadata keys are at most {MAX_METADATA_KEY_CHARS} "
+                                f"characters and values strings of at most {MAX_METADATA_VALUE_CHARS}",
+                                "response.metadata")
 
 
 def _response_cancel(obj: dict, base: dict) -> ClientEvent:

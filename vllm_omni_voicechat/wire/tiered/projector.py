@@ -33,6 +33,11 @@ WireEvent = dict[str, Any]
 _MS_PER_POSITION = 80
 
 
+def function_item_id(call_id: str, kind: str = "fc") -> str:
+    """The OpenAI lane's id of a call's item (``fc``) or its output's (``fco``): within 32 characters."""
+    return f"{kind}_{call_id.removeprefix('call_')}"
+
+
 @dataclass(frozen=True, slots=True)
 class Refused:
     """A client request the projected state cannot serve: the error to answer with."""
@@ -73,6 +78,8 @@ class TieredProjector:
         self._user_turn_item: dict[str, str] = {}
         self.pending_create = False
         """A ``response.create`` after a function output waits for wire response B."""
+        self.next_metadata: dict[str, str] | None = None
+        """The metadata of a ``response.create`` (OpenAI lane) for the next response to open: echoed on it."""
         self._encoder: OutputEncoder | None = None
         self._encoder_key: tuple[str, int] | None = None
 
@@ -166,7 +173,12 @@ class TieredProjector:
     # ================================================================ user items
 
     def _user_item(self, turn_id: str) -> str:
-        return self._user_turn_item.setdefault(turn_id, f"item_{turn_id}")
+        item = self._user_turn_item.get(turn_id)
+        if item is None:
+            # the OpenAI lane keeps ids within 32 characters (turn ids carry the session id)
+            item = f"item_{turn_id}" if self.tier3 else f"item_u{len(self._user_turn_item) + 1}"
+            self._user_turn_item[turn_id] = item
+        return item
 
     def _user_audio_committed(self, e: ev.TranscriptCompleted) -> list[WireEvent]:
         item_id = self._user_item(e.turn_id)
@@ -206,6 +218,7 @@ class TieredProjector:
         r = WireResponse(rid, native_id, self.epoch, self.modalities,
                          PlaybackLedger(rid, self.commit_policy), encoder)  # type: ignore[arg-type]
         r.input_audio_tokens, self._heard_positions = self._heard_positions, 0
+        r.metadata, self.next_metadata = self.next_metadata, None
         self.responses[rid] = r
         self.active = self.last = r
         self.pending_create = False
@@ -371,7 +384,7 @@ class TieredProjector:
         if r.message_open:
             out += self._close_message(r, "completed")
         index = len(r.output)
-        item_id = f"item_fc_{e.call_id}"
+        item_id = f"item_fc_{e.call_id}" if self.tier3 else function_item_id(e.call_id)
         item = {"id": item_id, "type": "function_call", "object": "realtime.item", "status": "in_progress",
                 "name": e.name, "call_id": e.call_id, "arguments": ""}
         previous = self.items.add(dict(item))

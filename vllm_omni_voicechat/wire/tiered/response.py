@@ -37,6 +37,8 @@ class WireResponse:
     """Usage: positions that heard client audio since the previous response opened (one token = 80 ms)."""
     text_tokens: int = 0
     """Usage: the model's text tokens in this response (one per text delta)."""
+    metadata: dict[str, str] | None = None
+    """The client's ``response.metadata`` (OpenAI lane), echoed on ``response.created`` and ``response.done``."""
 
     def usage(self) -> dict[str, Any]:
         """OpenAI's ``response.usage`` in this model's units: a token is one 80 ms position of audio (in: heard,
@@ -72,6 +74,8 @@ class WireResponse:
         if tier3:
             metadata = {"session_id": session_id, "epoch": self.epoch, "playback": self.ledger.snapshot(),
                         "committed": self.ledger.committed_ms >= self.ledger.sent_ms}
+        elif self.metadata is not None:
+            metadata = dict(self.metadata)  # what the client asked for (LiveKit matches its reply by it)
         else:
             metadata = {"epoch": str(self.epoch)}  # GA metadata values are strings
         return {"id": self.id, "object": "realtime.response", "status": "in_progress", "status_details": None,
