@@ -1096,6 +1096,30 @@ def test_openai_response_metadata_is_echoed_on_the_response_it_opens_and_tool_ch
     assert_openai_compatible(d.events)
 
 
+@pytest.mark.parametrize("interrupt", [None, True, False])
+def test_openai_semantic_vad_honours_interrupt_response(tiered, interrupt):
+    """GA: interrupt_response (default true) cancels the response when the user's speech starts, so nothing of it
+    follows speech_started (Pipecat truncates there, and late deltas would restart its playback); false: the
+    model keeps the floor and the answer plays on."""
+    td = {"type": "semantic_vad"} if interrupt is None else {"type": "semantic_vad", "interrupt_response": interrupt}
+    d = tiered({"type": "realtime", "audio": {"input": {"turn_detection": td}}}, lane="openai")
+    first = mid_response(d, "Tell me a long story", **HZ16)
+    rid = one(first, "response.created")["response_id"]
+    d.append(render_speech("wait"), **HZ16)
+    later = run_until(d, "input_audio_buffer.speech_started")
+    later += d.run(max_positions=6)
+    started = next(i for i, e in enumerate(later) if e["type"] == "input_audio_buffer.speech_started")
+    old_audio_after = [e for e in later[started:] if e["type"] == AUDIO and e["response_id"] == rid]
+    if interrupt is False:
+        assert old_audio_after and not [e for e in later if e["type"] == "response.done"]
+    else:
+        done = [e for e in later if e["type"] == "response.done" and e["response"]["id"] == rid]
+        assert done and done[0]["response"]["status"] == "cancelled"
+        assert old_audio_after == []
+    d.run()
+    assert_openai_compatible(d.events)
+
+
 def test_openai_manual_commit_and_response_create_at_once_before_the_prefill(tiered):
     """A push-to-talk client that does not wait: appends, commit and response.create all before the prefill is
     done; the response.create waits behind the commit (it overtook it and found nothing held)."""

@@ -134,7 +134,8 @@ def test_openai_lane_defaults() -> None:
 
 def test_openai_lane_turns_default_model_owned_and_null_gives_them_to_the_client() -> None:
     s = default_settings("openai", model="sim")
-    assert s.turn_detection == {"type": "semantic_vad"} and s.overlap_policy == "listen_only"
+    # GA's interrupt_response defaults to true: the user's speech cancels the response
+    assert s.turn_detection == {"type": "semantic_vad"} and s.overlap_policy == "barge_in_on_speech"
     assert (s.client_turns, s.model_eou) == (False, True)
     assert render(s)["audio"]["input"]["turn_detection"] == {"type": "semantic_vad"}
     manual = ok(s, {"audio": {"input": {"turn_detection": None}}})
@@ -205,7 +206,7 @@ def test_openai_agents_payload_then_tracing_update() -> None:
     assert s.output_modalities == ("audio",)
     assert (s.input_format, s.input_rate, s.output_format, s.output_rate) == ("pcm16", 24000, "pcm16", 24000)
     assert s.turn_detection == {"type": "semantic_vad", "interrupt_response": True}
-    assert (s.overlap_policy, s.eou_blank_frames, s.voice) == ("listen_only", None, "ash")
+    assert (s.overlap_policy, s.eou_blank_frames, s.voice) == ("barge_in_on_speech", None, "ash")
     assert s.echo == {"transcription": {"model": "gpt-4o-mini-transcribe"}}
     r = render(s)
     assert r["audio"]["input"]["turn_detection"] == r["turn_detection"] == s.turn_detection
@@ -334,7 +335,13 @@ def test_turn_detection_and_overlap_policy() -> None:
     off = ok(s, {"turn_detection": None})
     assert (off.turn_detection, off.overlap_policy) == (None, "listen_only")
     sem = ok(s, {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}})
-    assert (sem.turn_detection, sem.overlap_policy) == ({"type": "semantic_vad", "eagerness": "low"}, "listen_only")
+    # semantic_vad honours interrupt_response (GA default true: barge in; false: the model keeps the floor)
+    assert (sem.turn_detection, sem.overlap_policy) == ({"type": "semantic_vad", "eagerness": "low"},
+                                                        "barge_in_on_speech")
+    keep = {"type": "semantic_vad", "interrupt_response": False}
+    assert ok(s, {"audio": {"input": {"turn_detection": keep}}}).overlap_policy == "listen_only"
+    assert ok(s, {"turn_detection": keep, "overlap_policy": "barge_in_on_speech"}).overlap_policy == (
+        "barge_in_on_speech")  # an explicit policy wins
     # model-owned turns may still ask to barge in on speech
     assert ok(base, {"turn_detection": None, "overlap_policy": "barge_in_on_speech"}).overlap_policy == (
         "barge_in_on_speech"

@@ -153,7 +153,8 @@ def default_settings(lane: Lane, *, model: str | None = None, instructions: str 
         # OpenAI lane: model-owned turns unless the client sends turn_detection null (OpenAI's default is a VAD,
         # and this model's own EOU is semantic); the full lane's null is model-owned already
         turn_detection={"type": "semantic_vad"} if lane == "openai" else None,
-        overlap_policy="listen_only",
+        # GA's interrupt_response defaults to true: the user's speech cancels the response
+        overlap_policy="barge_in_on_speech" if lane == "openai" else "listen_only",
     )
 
 
@@ -306,7 +307,10 @@ def _overlap_policy(update: Mapping[str, Any], td: dict | None, td_given: bool, 
         return "barge_in_on_speech"
     if value is not None:
         return value
-    # model-owned turns (null / semantic_vad) default to listening through overlaps
+    if td is not None and td.get("type") == "semantic_vad":
+        # GA: interrupt_response (default true) cancels the response when the user's speech starts; false keeps it
+        return "listen_only" if td.get("interrupt_response") is False else "barge_in_on_speech"
+    # model-owned turns without a VAD (null) listen through overlaps
     return "listen_only" if td_given else current
 
 
