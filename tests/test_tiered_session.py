@@ -1019,7 +1019,11 @@ def test_the_openai_lane_speaks_cancels_calls_tools_and_errors_in_ga_events_only
     d.run()
 
     speak(d, WEATHER_CALL, **hz)
-    call = one(run_until(d, "rate_limits.updated"), "response.function_call_arguments.done")
+    a = run_until(d, "rate_limits.updated")
+    call = one(a, "response.function_call_arguments.done")
+    # response A is the call alone: its silence before the call is no message (Pipecat plays any as speech)
+    assert [o["type"] for o in one(a, "response.done")["response"]["output"]] == ["function_call"]
+    assert AUDIO not in types(a) and "response.content_part.added" not in types(a)
     d.send({"type": "conversation.item.create",
             "item": {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}})
     assert d.send({"type": "response.create"}) == []

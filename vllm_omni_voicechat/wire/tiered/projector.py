@@ -18,8 +18,9 @@ from typing import Any
 
 import pybase64
 
-from ...audio.frames import OUTPUT_SAMPLE_RATE
+from ...audio.frames import OUTPUT_SAMPLE_RATE, dbfs
 from ...session import events as ev
+from ...session.settlement import SILENT_AUDIO_DBFS
 from .audio import OutputEncoder
 from .epoch import EpochFence
 from .items import ItemStore
@@ -224,7 +225,20 @@ class TieredProjector:
         self.pending_create = False
         body = r.body(self.session_id, tier3=self.tier3)
         out = [{"type": "response.created", "response_id": rid, "response": body}]
-        out += self._open_message(r)
+        if self.tier3 or not r.audio:
+            out += self._open_message(r)
+        else:
+            r.held = []  # the OpenAI lane opens the message when the response first speaks
+        return out
+
+    def _speak_held(self, r: WireResponse) -> list[WireEvent]:
+        """The held response speaks: its message opens and the held silence goes out first."""
+        held, r.held = r.held or [], None
+        out = self._open_message(r)
+        assert r.encoder is not None
+        for pcm in held:
+            r.ledger.generated(len(pcm) * 1000 // (2 * OUTPUT_SAMPLE_RATE))
+            out += self._audio_chunk(r, r.encoder.feed(pcm))
         return out
 
     def _output_encoder(self) -> OutputEncoder:
@@ -282,6 +296,11 @@ class TieredProjector:
         out, r = self._delivering(e.response_id)
         if r is None or r.encoder is None:
             return out
+        if r.held is not None:
+            if not r.text_pending and dbfs(e.pcm) <= SILENT_AUDIO_DBFS:
+                r.held.append(e.pcm)  # nothing said yet: a function call may come first
+                return out
+            out += self._speak_held(r)
         r.ledger.generated(len(e.pcm) * 1000 // (2 * OUTPUT_SAMPLE_RATE))
         out += self._audio_chunk(r, r.encoder.feed(e.pcm))
         return out
@@ -352,6 +371,9 @@ class TieredProjector:
         r.status = status
         if status == "failed" and r.encoder is not None:
             r.encoder.clear()  # after a fatal error nothing but terminals goes out: the resampler tail is dropped
+        if r.held is not None and (r.held or r.text_pending) and status == "completed":
+            out += self._speak_held(r)  # it completed without a word: its audio, as before (a cancel drops it)
+        r.held = None
         if r.message_open:  # flushes the resampler: sent_ms is final only after it
             out += self._close_message(r, "completed" if status == "completed" else "incomplete")
         r.ledger.finish(status == "completed")
@@ -383,6 +405,7 @@ class TieredProjector:
         assert r is not None
         if r.message_open:
             out += self._close_message(r, "completed")
+        r.held = None  # the silence before the call: no message at all
         index = len(r.output)
         item_id = f"item_fc_{e.call_id}" if self.tier3 else function_item_id(e.call_id)
         item = {"id": item_id, "type": "function_call", "object": "realtime.item", "status": "in_progress",

@@ -25,6 +25,9 @@ class WireResponse:
     encoder: OutputEncoder | None
     output: list[dict] = field(default_factory=list)
     message_open: bool = False
+    held: list[bytes] | None = None
+    """OpenAI lane: the response's leading silent audio, held until it speaks (text or audible audio) so a response
+    that only calls a function carries no message of silence (``None``: the message is open or was never held)."""
     transcript: str = ""
     text_pending: str = ""
     speak_sent: bool = False
