@@ -107,3 +107,29 @@ def test_sessions_status_shows_a_detached_session_with_its_grace_and_a_draining_
         "queued": 0, "queue_capacity": 0,
     }
     assert server.operator_gauges() == {"active": 0, "detached": 1, "queued": 0, "journal_bytes": 4096}
+
+
+def test_session_logs_say_who_came_what_it_did_and_every_error_it_sent_without_content(caplog):
+    """At info: a line when a session starts (id, dialect, lane, client, user agent) and when it ends (duration,
+    positions, responses, function calls, errors by code, end reason); a warning for every error event sent."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="vllm_omni_voicechat.server")
+    with running_app(ServerConfig.simulator(max_sessions=1)) as (url, server):
+        c = RawClient(url + "/v1/voicechat")
+        spoken_turn(c)
+        session_id = next(iter(server.sessions))
+        c.send("{not json")
+        c.recv_type("error")
+        c.send({"type": "session.stop", "event_id": "x"})
+        assert c.close_code() == 1000
+    lines = [r.getMessage() for r in caplog.records if session_id in r.getMessage()]
+    started = [line for line in lines if " started: " in line]
+    assert len(started) == 1 and "v3, lane v3, client 127.0.0.1:" in started[0] and "user agent 'Python" in started[0]
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and session_id in r.getMessage()]
+    assert [r.getMessage() for r in warned] == [f"session {session_id} sent error invalid_json"]
+    ended = [line for line in lines if " ended: " in line]
+    assert len(ended) == 1
+    assert "v3 after " in ended[0] and "responses {'completed': 1}" in ended[0]
+    assert "errors {'invalid_json': 1}" in ended[0] and "reason client_stop" in ended[0]
+    assert not [line for line in lines if "hello" in line.lower() or "You said" in line]  # no content

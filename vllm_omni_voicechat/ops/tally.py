@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..audio.frames import FRAME_SECONDS, OUTPUT_SAMPLE_RATE
@@ -128,10 +128,12 @@ class SessionTally(Counts):
     ignored); ``wire_error`` counts an error the wire layer answered without the core (parse, validation,
     backpressure)."""
 
-    def __init__(self, dialect: str, started_at: float) -> None:
+    def __init__(self, dialect: str, started_at: float, on_error: Callable[[str], None] | None = None) -> None:
         super().__init__()
         self.dialect = dialect
         self.started_at = started_at
+        self.on_error = on_error
+        """Told the code of every error the session sends (the server logs it), as it is counted."""
         self.ended_at: float | None = None
         self.ended_reason: str | None = None
         self._commits: dict[str, float] = {}  # turn id -> when the user's turn was sealed
@@ -148,6 +150,8 @@ class SessionTally(Counts):
 
     def wire_error(self, code: str) -> None:
         self.errors[code] += 1
+        if self.on_error is not None:
+            self.on_error(code)
 
     def end(self, reason: str, now: float) -> None:
         """The session is over (``reason``: how it ended, from a bounded set). Idempotent: the first end wins."""
@@ -215,6 +219,8 @@ class SessionTally(Counts):
 
     def _error(self, o: ev.Error, now: float) -> None:
         self.errors[o.code] += 1
+        if self.on_error is not None:
+            self.on_error(o.code)
         if o.code == "function_call_loop_limit":
             self.function_calls["loop_limit"] += 1
 

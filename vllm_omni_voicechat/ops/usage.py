@@ -6,6 +6,7 @@ the sessions that ended (per dialect, merged by key, never overwritten). Pure bo
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 from .tally import LATENCY_BUCKETS_S, Counts, Histogram, SessionTally
@@ -50,8 +51,9 @@ class UsageBook:
 
     # --- what the server reports -----------------------------------------------------------------------
 
-    def admit(self, session_id: str, dialect: str, now: float) -> SessionTally:
-        tally = SessionTally(dialect, now)
+    def admit(self, session_id: str, dialect: str, now: float,
+              on_error: Callable[[str], None] | None = None) -> SessionTally:
+        tally = SessionTally(dialect, now, on_error)
         self.admitted[dialect] += 1
         self.live[session_id] = tally
         return tally

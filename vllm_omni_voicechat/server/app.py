@@ -61,6 +61,15 @@ MODEL_POOL_THREADS = 4
 __all__ = ["VoicechatServer", "VoicechatUvicornServer", "create_app"]
 
 
+def error_logger(session_id: str) -> Callable[[str], None]:
+    """A warning for every error event a session sends (its code; never content)."""
+
+    def warn(code: str) -> None:
+        log.warning("session %s sent error %s", session_id, code)
+
+    return warn
+
+
 class VoicechatServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -247,7 +256,8 @@ class VoicechatServer:
                                              single_client=cfg.max_sessions == 1,
                                              legacy_turns=cfg.v3_turns == "legacy",
                                              max_inbox_messages=cfg.max_inbox_messages),
-                             tally=self.usage.admit(core.session_id, "v3", time.monotonic()))
+                             tally=self.usage.admit(core.session_id, "v3", time.monotonic(),
+                                                    on_error=error_logger(core.session_id)))
         try:
             await self.serve(websocket, protocol, "v3", slot=slot)
         finally:
@@ -341,7 +351,8 @@ class VoicechatServer:
                 admission_queue=cfg.admission_queue,
                 ids=cfg.ids,
             ),
-            tally=self.usage.admit(core.session_id, "tiered", time.monotonic()),
+            tally=self.usage.admit(core.session_id, "tiered", time.monotonic(),
+                                   on_error=error_logger(core.session_id)),
         )
         try:
             await self.serve(websocket, protocol, "tiered", first=first, slot=slot, held=held)
@@ -453,6 +464,11 @@ class VoicechatServer:
                              refuse=protocol.refuse)
         att.shell = shell
         session_id = protocol.session_id
+        started = time.monotonic()
+        lane = "v3" if dialect == "v3" else ("full" if getattr(protocol, "tier3", True) else "openai")
+        client = websocket.scope.get("client") or ("?", 0)
+        log.info("session %s started: %s, lane %s, client %s:%s, user agent %r", session_id, dialect, lane,
+                 client[0], client[1], websocket.headers.get("user-agent", ""))
         self.sessions[session_id] = shell
         self.attachments[session_id] = att
         if dialect == "tiered":
@@ -481,14 +497,21 @@ class VoicechatServer:
                 self.model_stall = None
             if slot is not None:
                 slot.release()
-            self.usage.end(session_id, ended_reason(att), time.monotonic())
+            tally = self.usage.live.get(session_id)
+            summary = tally.summary() if tally is not None else {}
+            reason = ended_reason(att)
+            self.usage.end(session_id, reason, time.monotonic())
+            duration_s = time.monotonic() - started
             self.draining[session_id] = (dialect, time.monotonic())
             try:
                 await att.finish()
             finally:
                 self.draining.pop(session_id, None)
             self.backpressure.append(att.stats(dialect))
-            log.info("%s session %s ended after %d positions (close %s %s%s)", dialect, session_id, shell.positions,
+            log.info("session %s ended: %s after %.1f s, %d positions, responses %s, function calls %s, errors %s, "
+                     "reason %s (close %s %s)%s", session_id, dialect, duration_s, shell.positions,
+                     summary.get("responses", {}), summary.get("function_calls", {}), summary.get("errors", {}),
+                     tally.ended_reason if tally is not None and tally.ended_reason else reason,
                      att.close_code or 1000, att.close_reason or "",
                      f"; model failure: {shell.model_failure}" if shell.model_failure else "")
 
