@@ -374,9 +374,6 @@ def test_session_reconfiguration_between_turns(base):
 
 UNSERVABLE = [
     # (what the client sends, the exact error: code, param)
-    ({"type": "response.create"}, "response_create_without_input", None),
-    ({"type": "response.create", "response": {"instructions": "Speak French."}},
-     "unsupported_native_response_options", "response.instructions"),
     ({"type": "response.create", "response": {"conversation": "none"}},
      "unsupported_native_response_options", "response.conversation"),
     ({"type": "response.create", "response": {"input": []}}, "unsupported_native_response_options", "response.input"),
@@ -396,6 +393,27 @@ UNSERVABLE = [
     ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {
         "type": "server_vad", "interrupt_response": False}}}}}, "unsupported_turn_detection", "turn_detection"),
 ]
+
+
+def test_the_model_speaks_first_when_asked_before_anyone_spoke_and_hears_per_response_instructions(base):
+    """Pipecat's first LLMRunFrame and LiveKit's greeting send response.create over an empty conversation: the
+    model speaks first (the simulator greets). Per-response instructions (LiveKit's generate_reply) are what the
+    model hears, as typed input: its instructions are its prompt, resident since the session's first position."""
+    async def flow() -> None:
+        async with connect(base, {**MANUAL, "instructions": "Be brief."}) as f:
+            await f.conn.send({"type": "response.create", "event_id": "greet",
+                               "response": {"metadata": {"client_event_id": "greet"}}})
+            first = await f.until("rate_limits.updated")
+            assert reply(first)[0] == "Hello! How can I help?"
+            assert [e.type for e in first if e.type.startswith("conversation.item.input_audio")] == []  # no user item
+            assert done_of(first).metadata == {"client_event_id": "greet"}
+            await f.conn.send({"type": "response.create", "event_id": "say",
+                               "response": {"instructions": "Be brief.\nSay hello to Ada."}})
+            second = await f.until("rate_limits.updated")
+            assert reply(second)[0] == "You said: Say hello to Ada."
+            assert f.errors() == []
+
+    run(flow)
 
 
 def test_flows_the_model_cannot_serve_get_their_exact_error(base):

@@ -277,9 +277,10 @@ BAD: list[tuple[dict, str, str | None]] = [
     ({"type": "response.create", "response": "x"}, "bad_event", "response"),
     *[({"type": "response.create", "response": {key: value}}, "unsupported_native_response_options",
        f"response.{key}")
-      for key, value in [("instructions", "x"), ("voice", "alloy"), ("temperature", 0.5),
+      for key, value in [("voice", "alloy"), ("temperature", 0.5),
                          ("max_output_tokens", 5), ("max_response_output_tokens", "inf"), ("max_tokens", 3),
                          ("tools", []), ("tool_choice", "required"), ("tool_choice", "none")]],
+    ({"type": "response.create", "response": {"instructions": 5}}, "bad_event", "response.instructions"),
     *[({"type": "response.create", "response": {"metadata": value}}, "bad_event", "response.metadata")
       for value in ["x", {"k": 1}, {"k" * 65: "v"}, {"k": "v" * 513}, {f"k{i}": "v" for i in range(17)}]],
     ({"type": "response.create", "response": {"output_audio_format": "wav"}}, "unsupported_audio_format",

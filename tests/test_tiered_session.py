@@ -373,6 +373,21 @@ def test_a_typed_user_item_is_answered_at_response_create(tiered):
     assert_spoken_reply(events, "resp_1", "You said: Good morning.")
 
 
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_a_system_text_item_is_heard_as_typed_text_at_response_create(tiered, role):
+    """The prompt is resident from the first position: a system message added later (Pipecat's appended messages)
+    is what the model hears, as typed text is; an assistant item is only recorded."""
+    d = tiered()
+    d.send({"type": "conversation.item.create",
+            "item": {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi."}]}})
+    d.send({"type": "conversation.item.create",
+            "item": {"type": "message", "role": role, "content": [{"type": "input_text", "text": "Greet Ada"}]}})
+    assert d.send({"type": "response.create"}) == []
+    events = d.run()
+    assert collapse(types(events)) == SPOKEN_RESPONSE
+    assert_spoken_reply(events, "resp_1", "You said: Greet Ada.")
+
+
 @pytest.mark.parametrize("alias", ["input.text.append", "input_text.append", "push_text"])
 def test_input_text_append_is_answered(tiered, alias):
     d = tiered()
@@ -385,6 +400,13 @@ def test_input_text_append_is_answered(tiered, alias):
 def test_response_create_with_nothing_to_answer_is_an_error(tiered):
     d = tiered()
     assert errors(d.send({"type": "response.create", "event_id": "r1"})) == [("response_create_without_input", None)]
+
+
+def test_per_response_instructions_are_refused_on_the_full_lane(tiered):
+    d = tiered()
+    out = d.send({"type": "response.create", "event_id": "r1", "response": {"instructions": "Say hello."}})
+    assert errors(out) == [("unsupported_native_response_options", "response.instructions")]
+    assert d.run() == []  # nothing started
 
 
 def test_response_create_while_a_response_is_open_is_response_already_active(tiered):
@@ -1183,8 +1205,9 @@ def test_openai_model_turns_absorb_a_response_create_while_the_answer_opens_or_p
     assert collapse(types(turn)) == ["input_audio_buffer.speech_started", "transcription.delta+", *USER_TURN,
                                      *OPENAI_RESPONSE]
     assert_spoken_reply(turn, "resp_1", "You said: Hello.")
-    # once it is done there is nothing to answer
-    assert errors(d.send({"type": "response.create"})) == [("response_create_without_input", None)]
+    # once it is done there is nothing to answer: the model speaks first (the simulator greets)
+    assert d.send({"type": "response.create"}) == []
+    assert_spoken_reply(d.run(), "resp_2", "Hello! How can I help?")
 
 
 def test_the_full_lane_keeps_null_turn_detection_model_owned_and_errors_on_a_second_create(tiered):

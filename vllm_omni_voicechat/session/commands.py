@@ -91,6 +91,14 @@ class RespondNow(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class RespondFirst(Command):
+    """The model speaks first (nothing to answer: a greeting): an empty turn of source ``assistant``, settled to the
+    fence, then its EOU, exactly as a commit of nothing is on a client-owned turn."""
+
+    client_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClearInput(Command):
     """Drop uncommitted microphone input: the partial frame, the gate pre-roll, queued frames, an open turn."""
 

@@ -42,6 +42,7 @@ from .commands import (
     CommitTurn,
     Configure,
     RequestTypedInput,
+    RespondFirst,
     RespondNow,
     StartTurn,
     Stop,
@@ -85,6 +86,7 @@ from .work import (
     Reack,
     Recover,
     Respond,
+    SpeakFirst,
     TailPadding,
     WorkQueue,
 )
@@ -431,6 +433,12 @@ class SessionCore:
                 self.work.appendleft(Cancel(command))
             case RespondNow():
                 self.work.append(Respond(command))
+            case RespondFirst():
+                if not self.configured:
+                    self.emit(Error("session_not_configured", "send session.update before asking for a response",
+                                    False, command.client_event_id))
+                    return
+                self.work.append(SpeakFirst(command))
             case _:
                 raise TypeError(f"unknown command {command!r}")
 
@@ -496,6 +504,8 @@ class SessionCore:
                     return procs.cancel(item.command)
                 case Respond():
                     return procs.respond()
+                case SpeakFirst():
+                    return procs.speak_first(item.command)
                 case Reack():
                     self.emit(item.event)
                 case OpenTurn():

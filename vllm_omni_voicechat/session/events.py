@@ -13,7 +13,8 @@ from typing import Any, Literal
 from ..model.port import SessionPrompt
 from ..records import record
 
-Source = Literal["microphone", "typed"]
+Source = Literal["microphone", "typed", "assistant"]
+"""Where a user turn came from; ``assistant``: no user input, the model was asked to speak first (a greeting)."""
 ResponseStatus = Literal["completed", "cancelled", "failed"]
 Disposition = Literal["completed", "cancelled", "replaced", "error"]
 

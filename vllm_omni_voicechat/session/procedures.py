@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..audio.frames import INPUT_FRAME_BYTES, SILENT_INPUT_FRAME, FrameAssembler
 from ..model.port import NO_CONTROLS, AgentControl, PositionControls, StepResult
 from ..runner.stage0 import PositionKind
-from .commands import CancelResponse, CommitInput, CommitTurn, StartTurn
+from .commands import CancelResponse, CommitInput, CommitTurn, RespondFirst, StartTurn
 from .conversation import InputTurn
 from .events import (
     AbortModel,
@@ -138,6 +138,20 @@ class Procedures:
             if core.closed:
                 return
         yield from self._eou_position(turn)
+
+    def speak_first(self, cmd: RespondFirst) -> Procedure:
+        """An empty turn and its EOU: the model speaks from its prompt (the commit of nothing a client-owned turn
+        allows, for a client that asks for a response before anyone spoke)."""
+        core = self.core
+        if core.must_cancel:
+            yield from self.cancel_tail("new_response")
+            if core.closed:
+                return
+        conv = core.conversation
+        if conv.input_turn is not None:
+            return  # a user turn is open: it is what gets answered
+        conv.open_input_turn(conv.new_turn_id(), "assistant", None, cmd.client_event_id or "")
+        yield from self._settle_and_eou(None)
 
     def cancel(self, cmd: CancelResponse) -> Procedure:
         core = self.core

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .commands import CancelResponse, CommitInput, CommitTurn, RespondNow, StartTurn, Stop
+from .commands import CancelResponse, CommitInput, CommitTurn, RespondFirst, RespondNow, StartTurn, Stop
 from .events import TurnCommitted, TurnStarted
 from .gate import MicFrame
 
@@ -64,6 +64,13 @@ class Respond:
     """Fire the EOU a ``CommitInput(respond=False)`` held."""
 
     command: RespondNow
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakFirst:
+    """The model speaks first (``RespondFirst``)."""
+
+    command: RespondFirst
 
 
 @dataclass(frozen=True, slots=True)

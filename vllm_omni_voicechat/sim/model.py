@@ -440,7 +440,13 @@ class SimulatorModel:
 _HUM = (np.sin(np.arange(OUTPUT_FRAME_SAMPLES) * (2 * np.pi * 150 / 22_050)) * 3000).astype("<i2").tobytes()
 
 
+GREETING = "Hello! How can I help?"
+"""What the simulator says to a turn it heard nothing in (asked to speak first, or a commit of nothing)."""
+
+
 def _reply_text(template: str, transcript: str) -> str:
+    if not transcript.strip():
+        return GREETING
     text = template.format(transcript=transcript)
     # "You said: Is it?." reads badly: keep the transcript's own final punctuation.
     if transcript[-1:] in (".", "!", "?") and text.endswith(transcript + "."):

@@ -25,6 +25,7 @@ from ...session.commands import (
     CommitInput,
     Configure,
     RequestTypedInput,
+    RespondFirst,
     Stop,
     SubmitFunctionOutput,
 )
@@ -404,6 +405,10 @@ class TieredSession:
         return self._answer(self.projector.truncate(e.item_id, e.content_index, e.audio_end_ms), e.event_id, now)
 
     def _response_create(self, e: p.ResponseCreate, now: float) -> list[TieredOutput]:
+        instructions = (e.response or {}).get("instructions")
+        if self.tier3 and instructions is not None:  # vLLM-Omni's vocabulary refuses per-response instructions
+            return self._error("unsupported_native_response_options", "response.instructions is not supported by "
+                               "this model", e.event_id, "response.instructions", now)
         if not self.tier3:
             refused = unservable_response_options(e, self.settings)
             if refused is not None:
@@ -419,14 +424,32 @@ class TieredSession:
         if not self.tier3 and self.settings.model_eou and self.answer.answering(self.projector.active,
                                                                          self.core.microphone_turn_settling):
             return []  # the model's own end of turn answers (being opened or open): nothing more to start
+        if not self.tier3 and self.projector.active is None and instructions:
+            return self._speak_instructions(instructions, e.event_id, now)
         if self.projector.active is not None:
             if not self.tier3:  # OpenAI's code (Pipecat reads on after it, and only after a few codes)
                 return self._error("conversation_already_has_active_response",
                                    f"Conversation already has an active response in progress: {self.projector.active.id}",
                                    e.event_id, None, now)
             return self._error("response_already_active", "a response is in progress", e.event_id, None, now)
+        if not self.tier3:  # nothing to answer: the model speaks first (a greeting; GA clients start with it)
+            return self._submit(RespondFirst(e.event_id), now)
         return self._error("response_create_without_input", "nothing to respond to: commit audio or add text first",
                             e.event_id, None, now)
+
+    def _speak_instructions(self, instructions: Any, event_id: Any, now: float) -> list[TieredOutput]:
+        """Per-response instructions (LiveKit's ``generate_reply(instructions=...)`` sends the session's, a newline
+        and its own): this model's instructions are its prompt, resident since the session's first position, so
+        the extra text is what the model hears, as typed input through the synthesizer; without one the model
+        speaks first from its prompt."""
+        text = str(instructions)
+        own = self.settings.instructions
+        if own and text.startswith(own):
+            text = text[len(own):]
+        text = text.strip()
+        if text and self.core.config.typed_input_ready:
+            return self._submit(RequestTypedInput(f"instructions_{self.outgoing.next_id()}", text, event_id), now)
+        return self._submit(RespondFirst(event_id), now)
 
     def _response_cancel(self, e: p.ResponseCancel, now: float) -> list[TieredOutput]:
         active = self.projector.active

@@ -475,7 +475,7 @@ def _truncate(obj: dict, base: dict) -> ClientEvent:
     return ConversationItemTruncate(**base, item_id=item_id, audio_end_ms=end, content_index=index)
 
 
-_UNSUPPORTED_RESPONSE_KEYS = ("instructions", "voice", "temperature", "tools")
+_UNSUPPORTED_RESPONSE_KEYS = ("voice", "temperature", "tools")
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
@@ -488,6 +488,9 @@ def _response_create(obj: dict, base: dict) -> ClientEvent:
     fmt: str | None = None
     rate: int | None = None
     if response is not None:
+        instructions = response.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise FieldRejected("bad_event", "response.instructions must be a string", "response.instructions")
         for key in response:
             if key == "tool_choice" and response[key] == "auto":
                 continue  # the session's own (the only one it takes): no override (LiveKit sends it after a tool)

@@ -41,9 +41,11 @@ class TurnAnswer:
         self.due = respond and openai
 
     def stage_text(self, item_id: str, role: Any, content: list) -> None:
-        """A client message item: a user's text is typed input for the next ``response.create``."""
+        """A client message item: a user's (or a system's) text is typed input for the next ``response.create``.
+        The model's instructions are its prompt, resident from the first position, so a system message added later
+        (Pipecat's appended messages, a framework's per-turn instruction) is heard the way typed text is."""
         texts = [c.get("text") for c in content if isinstance(c, dict) and c.get("type") in ("input_text", "text")]
-        if role == "user" and any(isinstance(t, str) and t for t in texts):
+        if role in ("user", "system", "developer") and any(isinstance(t, str) and t for t in texts):
             self.staged_text = (item_id, " ".join(t for t in texts if isinstance(t, str) and t))
 
     def create(self, event_id: Any) -> RequestTypedInput | RespondNow | None:
