@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import struct
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -126,6 +127,49 @@ def wait_until(predicate, timeout: float = 20.0):
     return value
 
 
+class HeldModel:
+    """The simulator behind a gate the test holds: while held, the next step waits (``held`` is set), so what a
+    client sends meanwhile stays with the shell (its inbox, then its refusals), however fast either side runs."""
+
+    inline_steps = False  # the shell runs its steps off the loop, where a wait blocks only this session
+
+    def __init__(self) -> None:
+        self.inner = SimulatorModel(SimBehaviour(prefill_delay_s=0.02))
+        self.held = threading.Event()
+        self._gate = threading.Event()
+        self._gate.set()
+
+    def hold(self) -> None:
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    def prefill(self, prompt) -> None:
+        self.inner.prefill(prompt)
+
+    def step(self, position):
+        if not self._gate.is_set():
+            self.held.set()
+            self._gate.wait(30)
+        return self.inner.step(position)
+
+    def abort(self) -> None:
+        self.release()
+        self.inner.abort()
+
+
+def flood_until_refused(client: RawClient, shell, model: HeldModel, flood: list[str]) -> None:
+    """Sends ``flood`` while the model is held mid-step: the shell's inbox fills, the next events are refused
+    (their refusals wait in order behind the inbox), the reader then waits; releases the model once a refusal
+    was counted."""
+    assert model.held.wait(10)
+    for eid in flood:
+        client.send({"type": "flood.ping", "event_id": eid})
+    wait_until(lambda: shell.refused > 0)
+    model.release()
+
+
 def shrink_server_send_buffer(app, session_id: str) -> None:
     """Pin the server-side socket's kernel send buffer small (no autotuning to MiBs), so the server's own bound
     is what a stalled reader meets within a second or two."""
@@ -222,20 +266,20 @@ def test_tiered_stalled_reader_is_detached_and_resumes_from_the_journal():
 
 
 def test_v3_input_flood_is_refused_with_typed_errors_in_order_and_the_session_stays_usable():
-    slow = SimBehaviour(step_delay_s=0.03, prefill_delay_s=0.02)
-    cfg = ServerConfig(model_factory=lambda: SimulatorModel(slow), settlement_blank_frames=3, max_inbox_messages=8)
+    model = HeldModel()
+    cfg = ServerConfig(model_factory=lambda: model, settlement_blank_frames=3, max_inbox_messages=8)
     with running_app(cfg) as (url, app):
         c = RawClient(url + "/v1/voicechat")
         sid = c.recv()["session_id"]
         c.send(UPDATE)
         c.recv_type("session.updated")
         c.send(barrier("turn_start", 1, "s1"))
-        pcm = render_speech("hello") + bytes(INPUT_FRAME_BYTES * 40)  # ~45 slow positions: a busy shell
+        model.hold()
+        pcm = render_speech("hello") + bytes(INPUT_FRAME_BYTES * 40)
         for i in range(0, len(pcm), 40_960):
             c.send(append(pcm[i:i + 40_960]))
         flood = [f"f{i}" for i in range(300)]
-        for eid in flood:
-            c.send({"type": "flood.ping", "event_id": eid})
+        flood_until_refused(c, app.sessions[sid], model, flood)
         errors = c.recv_until(lambda e: e["type"] == "error" and e["error"]["client_event_id"] == flood[-1])
         errors = [e["error"] for e in errors if e["type"] == "error"]
         assert [e["client_event_id"] for e in errors] == flood  # every one answered once, in order
@@ -253,16 +297,16 @@ def test_v3_input_flood_is_refused_with_typed_errors_in_order_and_the_session_st
 
 
 def test_tiered_input_flood_gets_rate_limit_errors_with_their_seq():
-    slow = SimBehaviour(step_delay_s=0.03, prefill_delay_s=0.02)
-    cfg = ServerConfig(model_factory=lambda: SimulatorModel(slow), max_inbox_messages=4)
-    with running_app(cfg) as (url, _app):
+    model = HeldModel()
+    cfg = ServerConfig(model_factory=lambda: model, max_inbox_messages=4)
+    with running_app(cfg) as (url, app):
         c = RawClient(url + "/v1/duplex?model=sim")
-        c.recv_type("session.created")
+        sid = c.recv_type("session.created")["session"]["id"]
+        model.hold()
         pcm = (render_speech("hello") + bytes(INPUT_FRAME_BYTES * 30))
         c.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
         flood = [f"f{i}" for i in range(100)]
-        for eid in flood:
-            c.send({"type": "flood.ping", "event_id": eid})
+        flood_until_refused(c, app.tiered[sid].shell, model, flood)
         events = c.recv_until(lambda e: e["type"] == "error" and e["error"].get("event_id") == flood[-1])
         errors = [e for e in events if e["type"] == "error"]
         assert [e["error"]["event_id"] for e in errors] == flood
