@@ -1,0 +1,76 @@
+"""The private parts of uvicorn and websockets that server/uvicorn.py and server/reader.py touch, checked on the
+installed versions: a version whose internals differ fails here, by name, before any socket test does. The
+pyproject bounds are the versions these were read from and tested against."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import uvicorn
+import websockets
+from packaging.requirements import Requirement
+from packaging.version import Version
+from uvicorn.config import Config
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from uvicorn.server import ServerState
+from websockets.frames import apply_mask
+from websockets.protocol import Protocol, State
+from websockets.server import ServerProtocol
+from websockets.streams import StreamReader
+
+from vllm_omni_voicechat.server.uvicorn import AbortableWebSockets
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def declared(name: str) -> Requirement:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return next(r for r in map(Requirement, deps) if r.name == name)
+
+
+@pytest.mark.parametrize("name", ["uvicorn", "websockets"])
+def test_the_installed_version_is_within_the_declared_bounds_and_the_bounds_have_a_ceiling(name):
+    requirement = declared(name)
+    assert Version(metadata.version(name)) in requirement.specifier
+    assert any(s.operator == "<" for s in requirement.specifier), f"{name}: private parts are used, pin a ceiling"
+
+
+def test_uvicorn_sans_io_protocol_keeps_the_attributes_we_read_and_write():
+    """AbortableWebSockets subclasses it and uses: ``queue`` (the ASGI receive queue, whose length paces reading),
+    ``read_paused`` (its flow-control flag), ``frames`` / ``curr_msg_data_type`` (its message assembly, which our
+    fast path completes), ``disconnected`` / ``close_sent`` / ``handshake_complete`` / ``handshake_initiated``
+    (when a write may go out), ``conn`` (websockets' ServerProtocol) and ``transport``. ``frames`` came in 0.50,
+    ``disconnected`` in 0.53: the floor."""
+
+    async def build() -> WebSocketsSansIOProtocol:
+        config = Config(app=lambda scope, receive, send: None, ws="websockets-sansio", lifespan="off")
+        return AbortableWebSockets(config=config, server_state=ServerState(), app_state={},
+                                   _loop=asyncio.get_running_loop())
+
+    protocol = asyncio.run(build())
+    assert isinstance(protocol.queue, asyncio.Queue)
+    assert protocol.read_paused is False
+    assert protocol.frames == [] and protocol.curr_msg_data_type in ("text", "bytes")
+    assert (protocol.disconnected, protocol.close_sent, protocol.handshake_complete) == (False, False, False)
+    assert protocol.handshake_initiated is False
+    assert isinstance(protocol.conn, ServerProtocol) and isinstance(protocol.conn, Protocol)
+    for method in ("connection_made", "data_received", "connection_lost", "handle_events", "send_receive_event_to_app",
+                   "handle_text", "handle_bytes", "handle_cont"):
+        assert callable(getattr(WebSocketsSansIOProtocol, method, None)), method
+    assert "ws" in inspect.signature(Config).parameters
+
+
+def test_websockets_sans_io_keeps_the_parts_we_use():
+    """The fast path reads ``conn.reader.buffer`` (bytes websockets has not parsed yet), the frame size limits, the
+    connection ``state``, and unmasks with ``websockets.frames.apply_mask``."""
+    conn = ServerProtocol(max_size=1 << 20)
+    assert isinstance(conn.reader, StreamReader) and isinstance(conn.reader.buffer, bytearray)
+    assert conn.max_message_size == 1 << 20 and hasattr(conn, "max_fragment_size")
+    assert conn.state is State.CONNECTING
+    assert apply_mask(b"\x01\x02\x03\x04\x05", b"\x01\x01\x01\x01") == b"\x00\x03\x02\x05\x04"
+    assert websockets.version.version and uvicorn.__version__
