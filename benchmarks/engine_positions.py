@@ -1,4 +1,4 @@
-"""Per-position latency of the real engine on CPU next to the simulator (issue 14): what one 80 ms position costs
+"""Per-position latency of the real engine on CPU next to the simulator: what one 80 ms position costs
 through ``vllm-omni serve`` (vLLM's CPU build, vLLM-Omni's three Nemotron VoiceChat stages, our plugin and thinker)
 on the tiny checkpoint, at 1 and 2 concurrent sessions, and the same workload on the standalone simulator server.
 

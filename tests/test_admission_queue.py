@@ -1,4 +1,4 @@
-"""The admission queue (issue 20): the FIFO's bookkeeping (exact and as a hypothesis property) and, over real
+"""The admission queue: the FIFO's bookkeeping (exact and as a hypothesis property) and, over real
 sockets, 2x oversubscription, a timeout, a full queue and a client that leaves while queued."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""API keys on the standalone server (issue 21, part 3): vLLM's rule (Bearer on /v1, constant-time), the browser
+"""API keys on the standalone server: vLLM's rule (Bearer on /v1, constant-time), the browser
 subprotocol form, refusals before any session state, and the open routes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Engine-path faults on the real engine on CPU (issue 21): each ends every affected session with its dialect's typed
+"""Engine-path faults on the real engine on CPU: each ends every affected session with its dialect's typed
 fatal error and close code within a bound, frees its slot, spares the sessions the engine still can serve, and
 ``/health`` says what is wrong (docs/reliability.md, "Engine-path faults").
 

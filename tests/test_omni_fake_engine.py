@@ -1,6 +1,6 @@
 """vLLM-Omni's real orchestrator, session manager and runner with our plugin over fake stage engines (CPU).
 
-The base of the engine-side Stage 0 runner (issue 6): one append of 1,280 samples is one Stage-0 submit on the
+The base of the engine-side Stage 0 runner: one append of 1,280 samples is one Stage-0 submit on the
 session's resumable request, Stage-2 audio reaches our plugin's data plane, closing aborts the stage requests.
 """
 

@@ -1,5 +1,5 @@
 """Our routes mounted in the app vLLM-Omni's ``vllm-omni serve`` builds, on vLLM-Omni's real orchestrator over
-fake stage engines: a v3 client and ``DuplexClient`` each complete a turn end to end (issue 6, Done-when).
+fake stage engines: a v3 client and ``DuplexClient`` each complete a turn end to end.
 
 The app is assembled the way ``omni_run_server_worker`` does it (``build_openai_app``, route removal,
 ``include_router(router)``, ``app.state``), without starting stage processes.

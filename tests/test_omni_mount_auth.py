@@ -1,4 +1,4 @@
-"""Our routes inside ``vllm-omni serve --api-key`` (issue 21, part 3): vLLM's own middleware guards them, and a
+"""Our routes inside ``vllm-omni serve --api-key``: vLLM's own middleware guards them, and a
 browser's subprotocol key reaches it. The app is vLLM-Omni's, built as ``omni_run_server_worker`` builds it, with
 ``--api-key``, over the fake stage engines; our routes on a router of their own."""
 

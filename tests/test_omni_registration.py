@@ -1,4 +1,4 @@
-"""Registration of our vLLM-Omni 0.30.0 pipeline (issue 6, item 2): entry points, early hook, deploy YAML.
+"""Registration of our vLLM-Omni 0.30.0 pipeline: entry points, early hook, deploy YAML.
 
 The first three tests need no vLLM; the rest are skipped unless ``vllm_omni`` imports (run them in the omni venv:
 ``scripts/install_omni_cpu.sh``). Two of those start the real ``vllm-omni`` CLI in subprocesses (about 20 s

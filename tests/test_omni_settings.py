@@ -16,7 +16,7 @@ def test_the_block_is_validated_and_typed():
     assert parse_block(None) == {}
     assert parse_block({"audio_lag_positions": 2, "settlement_blank_frames": 3}) == {
         "audio_lag_positions": 2, "settlement_blank_frames": 3}
-    assert parse_block({"admission_queue": 8, "admission_timeout_s": 20}) == {  # the admission queue (issue 20)
+    assert parse_block({"admission_queue": 8, "admission_timeout_s": 20}) == {  # the admission queue
         "admission_queue": 8, "admission_timeout_s": 20.0}
     assert parse_block({"tick_slot_ms": 40}) == {"tick_slot_ms": 40.0}  # the engine tick, at most half a frame
     assert parse_block({"tick_slot_ms": 0}) == {"tick_slot_ms": 0.0}

@@ -1,4 +1,4 @@
-"""The operators' endpoints of the standalone server over real sockets (issue 20): ``/v1/sessions`` while a session
+"""The operators' endpoints of the standalone server over real sockets: ``/v1/sessions`` while a session
 runs, ``/v1/usage`` and ``/metrics`` after scripted sessions, with exact counts."""
 
 from __future__ import annotations

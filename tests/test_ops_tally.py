@@ -1,4 +1,4 @@
-"""The operators' counters (issue 20): a session's tally, the server's usage book and the Prometheus collector,
+"""The operators' counters: a session's tally, the server's usage book and the Prometheus collector,
 on the virtual clock. The tally must agree exactly with what the wire carried."""
 
 from __future__ import annotations

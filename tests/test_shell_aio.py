@@ -60,7 +60,7 @@ class ThreadCheckingModel(SimulatorModel):
 
 
 class InlineThreadCheckingModel(ThreadCheckingModel):
-    inline_steps = True  # microsecond steps (the simulator): no thread hop per position (issue 18)
+    inline_steps = True  # microsecond steps (the simulator): no thread hop per position
 
 
 def test_full_turn_runs_the_model_off_the_event_loop_and_stops_cleanly():
@@ -178,7 +178,7 @@ class OneCallAtATimeModel(SimulatorModel):
 
 
 def test_sessions_share_one_pool_thread_for_prefill_and_abort_and_step_on_the_loop():
-    """Two inline-step sessions given one shared one-thread pool (the server's, issue 18: no thread per session):
+    """Two inline-step sessions given one shared one-thread pool (the server's: no thread per session):
     both prefill and abort on that one thread, step on the loop, and no call of a model overlaps another."""
     import concurrent.futures
 

@@ -80,7 +80,7 @@ def test_seq_stamps_1_2_3_in_compact_json():
 
 def test_retained_events_are_no_objects_for_the_cycle_collector():
     """Thousands of events a session retain for a resume: as tracked objects they would lengthen every full
-    collection of a busy server (the tiered over-budget steps of issue 18)."""
+    collection of a busy server (the tiered over-budget steps)."""
     journal = Journal()
     event = {"type": "response.output_audio.delta", "response_id": "resp_1", "delta": "AAAA"}
     gc.collect()

@@ -338,7 +338,7 @@ def test_text_chars_at_is_the_last_mark_ending_by_t(sends, probes):
 
 def test_marks_are_no_objects_for_the_cycle_collector():
     """A session keeps its responses' ledgers: one tracked object per audio delta would lengthen every full
-    collection of a busy server (the tiered over-budget steps of issue 18)."""
+    collection of a busy server (the tiered over-budget steps)."""
     led = PlaybackLedger("resp_gc")
     gc.collect()
     before = len(gc.get_objects())

@@ -1393,7 +1393,7 @@ def test_after_the_fatal_position_limit_mid_response_only_terminals_follow():
 
 def test_response_done_carries_usage_in_80_ms_positions_and_model_text_tokens(tiered):
     """OpenAI clients read ``response.usage``; here a token is one 80 ms position of audio (heard since the previous
-    response opened; sent in this one) or one model text token (issue 20)."""
+    response opened; sent in this one) or one model text token."""
     from vllm_omni_voicechat.session import events as ev
 
     class Recorder:  # sees the core's native events, as a tally does

@@ -1,5 +1,5 @@
 """``server_json`` (orjson, for the per-position events made only of the server's values) gives the same JSON as
-``compact_json``, and what orjson refuses still goes out (issue 18)."""
+``compact_json``, and what orjson refuses still goes out."""
 
 from __future__ import annotations
 

@@ -277,7 +277,7 @@ def test_concurrent_sessions_streaming_paced_audio_do_not_interfere(fresh_url, s
 
 def test_live_sessions_share_a_few_model_threads_not_one_each(fresh_url):
     """Eight configured simulator sessions (steps on the loop) prefill in the server's shared pool: at most
-    MODEL_POOL_THREADS model threads exist, not one per session (issue 18)."""
+    MODEL_POOL_THREADS model threads exist, not one per session."""
     from vllm_omni_voicechat.server.app import MODEL_POOL_THREADS
 
     def model_threads() -> set[threading.Thread]:

@@ -1,4 +1,4 @@
-"""``VoiceChatDuplexPlugin``: our vLLM-Omni 0.30.0 ``DuplexModelPlugin`` (issue 6, item 3), first slice.
+"""``VoiceChatDuplexPlugin``: our vLLM-Omni 0.30.0 ``DuplexModelPlugin``, first slice.
 
 What is ours here: the plugin identity, the private runtime keys our runtime owns (position limit, settlement
 fence, function-call bounds), the capabilities our runtime serves (80 ms, several sessions, resume, barge-in,

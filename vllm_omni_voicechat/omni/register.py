@@ -1,4 +1,4 @@
-"""Registration of our vLLM-Omni pipeline (issue 6, item 2): the entry-point target of both plugin groups.
+"""Registration of our vLLM-Omni pipeline: the entry-point target of both plugin groups.
 
 ``pyproject.toml`` names ``register`` under two entry-point groups:
 

@@ -2,7 +2,7 @@
 resumed one, or the session ends.
 
 On our uvicorn protocol frames go from the parser straight into the inbox (:class:`DirectReader`): no ASGI message,
-Starlette receive or task wake-up per frame, which a session pays ~12 times a second (issue 18). A frame that cannot
+Starlette receive or task wake-up per frame, which a session pays ~12 times a second. A frame that cannot
 be taken at once (a resume is settling the input, or the inbox and its refusals are full) is held, reading stops
 (TCP backpressure), and a task hands the held frames on in order. Disconnects still arrive through ASGI. Elsewhere
 (vLLM-Omni's own uvicorn) every frame is an ASGI receive.

@@ -8,7 +8,7 @@ another ASGI server (vLLM-Omni's own uvicorn) no protocol is known: a stalled so
 events go out one ASGI send each.
 
 A session sends 2-3 events per 80 ms position and receives about one, so per-message costs dominate the server
-at a few hundred sessions (issue 18): ours writes every event queued for a socket in one transport write (one
+at a few hundred sessions: ours writes every event queued for a socket in one transport write (one
 send syscall, not one per event and its ASGI round trip), and pauses reading only when the app falls
 ``READ_AHEAD_MESSAGES`` behind (uvicorn pauses after every message and resumes on the next receive). Once a session's
 reader sets ``receiver`` (server/reader.py), each message goes straight to it instead of the ASGI queue.

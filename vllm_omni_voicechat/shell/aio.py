@@ -162,7 +162,7 @@ class SessionShell:
         self._sink = sink
         self._sink_is_async = inspect.iscoroutinefunction(sink)
         # A model whose steps take microseconds (the simulator) steps on the loop: a thread hop per position cost
-        # more than the step itself, and a thread per session queued for the GIL under load (issue 18).
+        # more than the step itself, and a thread per session queued for the GIL under load.
         self._inline_steps = bool(getattr(model, "inline_steps", False))
         self.backlog_slice_s = backlog_slice_s
         # Model calls off the loop (prefill, abort, a slow model's steps) run one at a time, in order, in the given
