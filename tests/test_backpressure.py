@@ -27,6 +27,7 @@ from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.server.uvicorn import transport_for as asgi_transport
 from vllm_omni_voicechat.shell.aio import SessionShell
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
+from vllm_omni_voicechat.wire.transport import refused_event_id
 
 from .server_fixture import RawClient, running_app
 
@@ -324,6 +325,8 @@ def test_shell_inbox_bounds_refusals_then_waits():
 
     class Protocol:
         closed = False
+        held_messages = 0
+        tally = None
 
         def __init__(self) -> None:
             self.received: list[str] = []
@@ -335,8 +338,15 @@ def test_shell_inbox_bounds_refusals_then_waits():
     async def main():
         proto = Protocol()
         answered: list = []
+        class Refusals:
+            refusal_id = staticmethod(refused_event_id)
+
+            def refuse(self, event_id, now):
+                answered.append(event_id)
+                return []
+
         shell = SessionShell(proto, SimulatorModel(), lambda item: None, max_inbox_messages=3,
-                             max_inbox_bytes=1000, refuse=lambda eid, now: answered.append(eid) or [])
+                             max_inbox_bytes=1000, refusals=Refusals())
         results = [await shell.offer(json.dumps({"event_id": f"e{i}"})) for i in range(6)]
         assert results == [True, True, True, False, False, False]
         assert (shell.inbox_messages, shell.pending_refusals, shell.refused) == (3, 3, 3)

@@ -461,7 +461,7 @@ class VoicechatServer:
         shell = SessionShell(protocol, model, att.sink, synthesizer=cfg.synthesizer,
                              executor=self.model_pool if getattr(model, "inline_steps", False) else None,
                              max_inbox_messages=cfg.max_inbox_messages, max_inbox_bytes=cfg.max_inbox_bytes,
-                             refuse=protocol.refuse)
+                             refusals=protocol)
         att.shell = shell
         session_id = protocol.session_id
         started = time.monotonic()

@@ -140,6 +140,11 @@ class SessionCore:
     ``inject_next`` / ``eos_next`` controls serve the session's own collaborators (procedures, typed jobs,
     function cycles, the conversation, input turns)."""
 
+    tally = None
+    """A bare core keeps no tally (its wire session does)."""
+    held_messages = 0
+    """A bare core holds no client frames: its commands go straight to its work."""
+
     def __init__(self, config: SessionConfig | None = None) -> None:
         self.config = config = config or SessionConfig()
         self.session_id = config.session_id

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-import json
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -33,7 +32,7 @@ from ..session.events import (
     StartSynthesis,
 )
 from ..synth.port import Synthesizer
-from .driving import Driven
+from .driving import Driven, Refusals
 
 Sink = Callable[[Any], Awaitable[None] | None]
 
@@ -114,7 +113,6 @@ def _expire(waiter: asyncio.Future) -> None:
         waiter.set_result(None)
 
 
-MAX_ECHOED_ID_CHARS = 256
 BACKLOG_SLICE_S = 0.002
 """How long a session's inline positions may run back to back before it yields the loop to the others."""
 LATE_INBOX_S = LATE_MS / 1000.0
@@ -125,20 +123,6 @@ def _size(message: str | bytes) -> int:
     if isinstance(message, str):
         return len(message) if message.isascii() else len(message.encode())
     return len(message)
-
-
-def client_event_id(message: str | bytes) -> Any:
-    """The ``event_id`` of a JSON client event (both dialects name it so), or None; long ids are not echoed."""
-    if not isinstance(message, str):
-        return None
-    try:
-        event = json.loads(message)
-    except ValueError:
-        return None
-    value = event.get("event_id") if isinstance(event, dict) else None
-    if isinstance(value, str) and 0 < len(value) <= MAX_ECHOED_ID_CHARS:
-        return value
-    return None
 
 
 class SessionShell:
@@ -153,7 +137,7 @@ class SessionShell:
         clock: Callable[[], float] = time.monotonic,
         max_inbox_messages: int | None = None,
         max_inbox_bytes: int | None = None,
-        refuse: Callable[[Any, float], list[Any]] | None = None,
+        refusals: Refusals | None = None,
         backlog_slice_s: float = BACKLOG_SLICE_S,
     ) -> None:
         self.core = core
@@ -178,7 +162,7 @@ class SessionShell:
         # bytes, then pending refusals; when both are full the reader waits (TCP backpressure, no growth).
         self.max_inbox_messages = max_inbox_messages
         self.max_inbox_bytes = max_inbox_bytes
-        self._refuse = refuse
+        self._refusals = refusals
         self.inbox_messages = 0
         self.inbox_bytes = 0
         self.pending_refusals = 0
@@ -188,7 +172,6 @@ class SessionShell:
         self.late_messages = 0
         """Client messages read 40 ms or more after they were offered (``LATE_INBOX_S``): the loop, or this session's
         positions, fell behind. Also counted in the core's tally, when it keeps one."""
-        self._tally = getattr(core, "tally", None)
         self._room = asyncio.Event()
         self._room.set()
         self._handed = asyncio.Event()  # a client frame went from the inbox to the protocol object
@@ -221,7 +204,7 @@ class SessionShell:
         size = _size(message)
         cap = self.max_inbox_messages
         # Frames the protocol object holds behind an unfinished barrier are still in the receive pump.
-        fits = cap is None or self.inbox_messages + getattr(self.core, "held_messages", 0) < cap
+        fits = cap is None or self.inbox_messages + self.core.held_messages < cap
         if fits and self.max_inbox_bytes is not None and self.inbox_messages:
             fits = self.inbox_bytes + size <= self.max_inbox_bytes  # one message always fits an empty inbox
         if fits:
@@ -231,10 +214,10 @@ class SessionShell:
             self.peak_inbox_bytes = max(self.peak_inbox_bytes, self.inbox_bytes)
             self._inbox.put_nowait(_Offered(message, size, self._clock()))
             return True
-        if self._refuse is not None and (cap is None or self.pending_refusals < cap):
+        if self._refusals is not None and (cap is None or self.pending_refusals < cap):
             self.pending_refusals += 1
             self.refused += 1
-            self._inbox.put_nowait(_Refused(client_event_id(message)))
+            self._inbox.put_nowait(_Refused(self._refusals.refusal_id(message)))
             return False
         return None
 
@@ -248,8 +231,8 @@ class SessionShell:
             self.inbox_bytes -= item.size
             if now - item.at >= LATE_INBOX_S:
                 self.late_messages += 1
-                if self._tally is not None:
-                    self._tally.late_inbox += 1
+                if self.core.tally is not None:
+                    self.core.tally.late_inbox += 1
             item = item.message
         else:
             return item
@@ -332,8 +315,8 @@ class SessionShell:
         now = self._clock()
         item = self._taken(item, now)
         if isinstance(item, _Refused):
-            if self._refuse is not None and not self.core.closed:
-                await self._dispatch(self._refuse(item.event_id, now))
+            if self._refusals is not None and not self.core.closed:
+                await self._dispatch(self._refusals.refuse(item.event_id, now))
         elif isinstance(item, _Disconnect):
             await self._dispatch(self.core.disconnect(now), publish=False)
         elif isinstance(item, _Done):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from ..model.port import StepResult
+from ..ops.tally import SessionTally
 from ..runner.stage0 import Position
 from ..session.core import Tick
 from ..session.events import Effect
@@ -30,6 +31,13 @@ class Driven(Protocol):
     """What a host (``shell.sync.SyncDriver``, ``shell.aio.SessionShell``) drives."""
 
     session_id: str
+    tally: SessionTally | None
+    """What the session counts (a wire session's; None for a bare core): the host adds the messages it read late."""
+
+    @property
+    def held_messages(self) -> int:
+        """Client frames received but held behind an unfinished barrier: still in the host's receive pump."""
+        ...
 
     @property
     def closed(self) -> bool: ...
@@ -65,6 +73,18 @@ class WireDriven(Driven, Protocol):
 
     def poisoned(self, failure: str, now: float) -> Outputs: ...
 
+    def refusal_id(self, message: str | bytes) -> Any:
+        """What the host keeps of a frame its full inbox refused: the client event id the refusal echoes."""
+        ...
+
     def refuse(self, event_id: Any, now: float) -> Outputs:
         """The host's inbox was full: the recoverable error that answers the refused frame."""
         ...
+
+
+class Refusals(Protocol):
+    """How a host answers client frames its full inbox refused (a wire session; a bare core has no wire)."""
+
+    def refusal_id(self, message: str | bytes) -> Any: ...
+
+    def refuse(self, event_id: Any, now: float) -> Outputs: ...

@@ -63,3 +63,22 @@ class CloseTransport:
 
     code: int
     reason: str = ""
+
+
+MAX_ECHOED_ID_CHARS = 256
+"""A refused frame's event id longer than this is not echoed (its refusal carries none)."""
+
+
+def refused_event_id(message: str | bytes) -> Any:
+    """The ``event_id`` of a JSON client event (both dialects name it so), or None: what a refusal echoes of a frame
+    the host's full inbox did not take."""
+    if not isinstance(message, str):
+        return None
+    try:
+        event = json.loads(message)
+    except ValueError:
+        return None
+    value = event.get("event_id") if isinstance(event, dict) else None
+    if isinstance(value, str) and 0 < len(value) <= MAX_ECHOED_ID_CHARS:
+        return value
+    return None

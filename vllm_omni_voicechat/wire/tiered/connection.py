@@ -30,7 +30,7 @@ from ...session.commands import (
     SubmitFunctionOutput,
 )
 from ...session.core import SessionCore, Tick
-from ..transport import CloseTransport, Outbound
+from ..transport import CloseTransport, Outbound, refused_event_id
 from . import parser as p
 from . import session_events as se
 from .audio import InputConverter
@@ -219,6 +219,12 @@ class TieredSession:
 
     def poisoned(self, failure: str, now: float) -> list[TieredOutput]:
         return self._project(self.core.abort_session("model_cleanup_failed", failure, now), now)
+
+    held_messages = 0
+    """Frames are never held here (input before the first prefill waits as commands in the input buffer)."""
+
+    def refusal_id(self, message: str | bytes) -> Any:
+        return refused_event_id(message)
 
     def refuse(self, event_id: Any, now: float) -> list[TieredOutput]:
         """The host's inbox was full: this frame was not read (stamped and journaled like any server event)."""

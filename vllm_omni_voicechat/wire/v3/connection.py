@@ -27,7 +27,7 @@ from ...session.commands import (
 )
 from ...session.core import SessionCore, Tick
 from ...session.tools import InvalidTools, normalize_tools
-from ..transport import CloseTransport, Outbound, close_reason, compact_json, server_json
+from ..transport import CloseTransport, Outbound, close_reason, compact_json, refused_event_id, server_json
 from .audio import AudioRejected, decode_append
 from .project import V3Projector, WireEvent
 from .schema import (
@@ -204,6 +204,9 @@ class V3Session:
 
     def disconnect(self, now: float) -> list[V3Output]:
         return self.core.disconnect(now)  # type: ignore[return-value]  # effects only: nothing is published
+
+    def refusal_id(self, message: str | bytes) -> Any:
+        return refused_event_id(message)
 
     def refuse(self, event_id: Any, now: float) -> list[V3Output]:
         """The host's inbox was full: this frame was not read (answered in its place behind held frames)."""
