@@ -32,7 +32,7 @@ from starlette.websockets import WebSocket
 from ..model.port import ModelTimeout
 from ..ops import prometheus
 from ..ops.usage import UsageBook
-from ..session.core import SessionConfig, SessionCore
+from ..session.core import SessionCore
 from ..session.functions import CALL_ID_HEX
 from ..shell.aio import SessionShell
 from ..trace.tap import tap_socket
@@ -241,17 +241,8 @@ class VoicechatServer:
             await self._answer(websocket, busy_error(self.config.ids.uuid()).text, CLOSE_BUSY, "server_busy")
             return
         cfg = self.config
-        core = SessionCore(
-            SessionConfig(
-                session_id=cfg.ids.uuid(),
-                settlement_blank_frames=cfg.settlement_blank_frames,
-                max_session_model_frames=cfg.max_session_model_frames,
-                typed_input_ready=self.typed_ready,
-                function_call_timeout_s=cfg.function_call_timeout_s,
-                function_recovery_max_frames=cfg.function_recovery_max_frames,
-                turn_policy="model" if cfg.v3_turns == "legacy" else "client",
-            )
-        )
+        core = SessionCore(cfg.session_config(cfg.ids.uuid(), typed_input_ready=self.typed_ready,
+                                              turn_policy="model" if cfg.v3_turns == "legacy" else "client"))
         protocol = V3Session(core, V3Options(default_instructions=cfg.default_instructions,
                                              single_client=cfg.max_sessions == 1,
                                              legacy_turns=cfg.v3_turns == "legacy",
@@ -324,19 +315,9 @@ class VoicechatServer:
             return
         cfg = self.config
         openai_lane = route.lane != "full"  # OpenAI caps ids at 32 characters (LiveKit rewrites longer call ids)
-        core = SessionCore(
-            SessionConfig(
-                session_id=f"sess_{cfg.ids.hex(13)}" if openai_lane else f"duplex-{cfg.ids.hex(16)}",
-                call_id_hex=27 if openai_lane else CALL_ID_HEX,
-                settlement_blank_frames=cfg.settlement_blank_frames,
-                max_session_model_frames=cfg.max_session_model_frames,
-                typed_input_ready=self.typed_ready,
-                function_call_timeout_s=cfg.function_call_timeout_s,
-                function_recovery_max_frames=cfg.function_recovery_max_frames,
-                turn_policy="model",
-                gate_open_after=1,
-            )
-        )
+        core = SessionCore(cfg.session_config(
+            f"sess_{cfg.ids.hex(13)}" if openai_lane else f"duplex-{cfg.ids.hex(16)}", typed_input_ready=self.typed_ready,
+            call_id_hex=27 if openai_lane else CALL_ID_HEX, turn_policy="model", gate_open_after=1))
         protocol = TieredSession(
             core,
             TieredOptions(

@@ -9,6 +9,7 @@ from typing import Any
 from ..ids import SYSTEM_IDS, Ids
 from ..model.port import ModelPort
 from ..runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
+from ..session.core import SessionConfig
 from ..session.functions import FUNCTION_CALL_TIMEOUT_S, FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES
 from ..session.settlement import DEFAULT_FENCE
 from ..sim.model import SimBehaviour, SimulatorModel
@@ -81,6 +82,18 @@ class ServerConfig:
     """Called once per accepted socket with its dialect (``v3``, ``tiered``, ``tiered-openai``); the result (a
     ``vllm_omni_voicechat.trace.TraceChecker`` or alike) sees every frame of that socket (tests check invariants
     on every integration trace). None: no tap."""
+
+    def session_config(self, session_id: str, *, typed_input_ready: bool, **dialect: Any) -> SessionConfig:
+        """A new session's core configuration: the server's limits, and what its dialect sets (``dialect``)."""
+        return SessionConfig(
+            session_id=session_id,
+            settlement_blank_frames=self.settlement_blank_frames,
+            max_session_model_frames=self.max_session_model_frames,
+            typed_input_ready=typed_input_ready,
+            function_call_timeout_s=self.function_call_timeout_s,
+            function_recovery_max_frames=self.function_recovery_max_frames,
+            **dialect,
+        )
 
     @classmethod
     def simulator(cls, *, prefill_delay_s: float = 0.05, behaviour: SimBehaviour | None = None, **kw) -> ServerConfig:
