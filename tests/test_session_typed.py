@@ -104,6 +104,17 @@ def test_replacement_before_mutation_is_cancel_close_start():
     assert names(d.events).count("ResponseCreated") == 1
 
 
+def test_an_id_waiting_behind_the_active_job_is_taken():
+    d = session(settlement_blank_frames=2)
+    d.send(RequestTypedInput("a", "one two three"))
+    tick = d.core.poll(d.clock.now)  # "a" has mutated the model: "b" waits behind it
+    d.dispatch(tick.outputs)
+    d.send(RequestTypedInput("b", "four"))
+    d.events.clear()
+    for job_id in ("a", "b"):
+        assert protocol(d.send(RequestTypedInput(job_id, "again"))) == [("TypedRejected", job_id, "duplicate_job_id")]
+
+
 def test_request_while_a_job_is_injecting_waits_for_it_to_finish():
     d = session(settlement_blank_frames=2)
     d.send(RequestTypedInput("a", "one two three"))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -30,7 +31,7 @@ def rejection_reason(
     synthesizer_ready: bool,
     mic_turn_open: bool,
     function_cycle_open: bool,
-    used_job_ids: set[str],
+    used_job_ids: Container[str],
 ) -> str | None:
     """The first rejection reason that applies, or None when the request is acceptable."""
     if not configured:
@@ -85,6 +86,11 @@ class TypedJobs:
         self.used: set[str] = set()
         """Ids of every accepted job (a job once accepted locks the session's settings)."""
 
+    def __contains__(self, job_id: object) -> bool:
+        """An id taken by an accepted job or a waiting request (no copy of the used set per request: a session's
+        history would make each request cost more than the last)."""
+        return job_id in self.used or any(r.job_id == job_id for r in self.waiting)
+
     def request(self, cmd: RequestTypedInput) -> None:
         core = self._core
         reason = rejection_reason(
@@ -94,7 +100,7 @@ class TypedJobs:
             synthesizer_ready=core.config.typed_input_ready,
             mic_turn_open=core.turns.turn_open,
             function_cycle_open=core.functions.cycle is not None,
-            used_job_ids=self.used | {r.job_id for r in self.waiting},  # type: ignore[misc]
+            used_job_ids=self,
         )
         if reason is not None:
             core.emit(TypedRejected(cmd.job_id, reason))
