@@ -133,3 +133,26 @@ def test_session_logs_say_who_came_what_it_did_and_every_error_it_sent_without_c
     assert "v3 after " in ended[0] and "responses {'completed': 1}" in ended[0]
     assert "errors {'invalid_json': 1}" in ended[0] and "reason client_stop" in ended[0]
     assert not [line for line in lines if "hello" in line.lower() or "You said" in line]  # no content
+
+
+def test_a_client_s_close_reason_is_echoed_but_counted_as_client_close(caplog):
+    """A client's words never become a label: a session.close reason is echoed on session.closed and the close
+    frame, while /v1/usage, /metrics and the session's log line say client_close."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="vllm_omni_voicechat.server")
+    words = 'my "own"\nreason 7f3a'
+    with running_app(ServerConfig.simulator(max_sessions=2)) as (url, server):
+        c = RawClient(url + "/v1/duplex")
+        c.send({"type": "session.update", "session": {}})
+        c.recv_type("session.created")
+        c.send({"type": "session.close", "reason": words})
+        assert c.recv_type("session.closed")["reason"] == words
+        assert c.close_code() == 1000
+        _, body = get(url, "/v1/usage")
+        usage = json.loads(body)
+        assert usage["sessions"]["ended"] == {"tiered": {"client_close": 1}}
+        assert [s["ended_reason"] for s in usage["ended_sessions"]] == ["client_close"]
+        _, metrics = get(url, "/metrics")
+        assert b"7f3a" not in metrics and b'reason="client_close"' in metrics
+    assert not [r for r in caplog.records if "7f3a" in r.getMessage()]

@@ -493,7 +493,7 @@ class VoicechatServer:
                      "reason %s (close %s %s)%s", session_id, dialect, duration_s, shell.positions,
                      summary.get("responses", {}), summary.get("function_calls", {}), summary.get("errors", {}),
                      tally.ended_reason if tally is not None and tally.ended_reason else reason,
-                     att.close_code or 1000, att.close_reason or "",
+                     att.close_code or 1000, att.close_label,
                      f"; model failure: {shell.model_failure}" if shell.model_failure else "")
 
     async def _resume(self, websocket: WebSocket, request: tiered_parser.SessionResume) -> None:
@@ -594,7 +594,7 @@ def ended_reason(att: Attachment) -> str:
     else ``disconnect`` (the client left)."""
     if att.close_code is None:
         return "disconnect"
-    return att.close_reason or "completed"
+    return att.close_label or "completed"
 
 
 def _refusal_code(outputs: list[Any]) -> str:

@@ -38,6 +38,8 @@ class Attachment:
         self.sent_through = 0
         self.close_code: int | None = None
         self.close_reason = ""
+        self.close_label = ""
+        """The close reason in the server's vocabulary (counters, logs): never a client's words."""
         self.ended = asyncio.Event()
         self.overflows = 0
         self.peak_outbound_bytes = 0
@@ -80,6 +82,7 @@ class Attachment:
         if isinstance(item, CloseTransport):
             self.close_code = item.code
             self.close_reason = item.reason
+            self.close_label = item.label or item.reason
         elif isinstance(item, Outbound):
             self.send(item)
 

@@ -63,6 +63,9 @@ class CloseTransport:
 
     code: int
     reason: str = ""
+    label: str = ""
+    """The reason in the server's own vocabulary, for counters and logs, where the reason carries a client's words
+    (its ``session.close`` reason, echoed): those never become a label. Empty: the reason is the server's."""
 
 
 MAX_ECHOED_ID_CHARS = 256

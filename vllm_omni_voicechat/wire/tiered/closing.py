@@ -13,6 +13,7 @@ class Closing:
         """The reason of the client's ``session.close`` (what a ``client_stop`` shows)."""
         self.code: int | None = None
         self.reason = ""  # the close frame's reason: the fatal code, else the session.closed reason
+        self.label = ""  # the reason for counters when the client's words are in it (see CloseTransport.label)
         self.sent = False
 
     def session_closed(self, native_reason: str) -> str:
@@ -21,6 +22,7 @@ class Closing:
         if self.code is None:
             self.code = CLOSE_NORMAL
             self.reason = reason
+            self.label = "client_close" if native_reason == "client_stop" else ""
         return reason
 
     def failed(self, code: str) -> bool:
@@ -36,7 +38,7 @@ class Closing:
         if self.sent or self.code is None:
             return []
         self.sent = True
-        return [CloseTransport(self.code, close_reason(self.reason))]
+        return [CloseTransport(self.code, close_reason(self.reason), self.label)]
 
     def expired(self, reason: str) -> CloseTransport:
         """The lease expired: a normal close, whatever came before."""
