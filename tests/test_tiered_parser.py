@@ -210,6 +210,8 @@ def test_transport_errors() -> None:
     err({"event_id": "e9"}, "bad_event", param="type", event_id="e9")
     err({"type": 3, "event_id": "e9"}, "bad_event", event_id="e9")
     err({"type": "session.heartbeat", "event_id": 5}, "bad_event", param="event_id", event_id=None)
+    err({"type": "session.heartbeat", "event_id": "e" * 257}, "bad_event", param="event_id", event_id=None)  # no echo
+    assert isinstance(p.parse(json.dumps({"type": "session.heartbeat", "event_id": "e" * 256})), p.SessionHeartbeat)
     too_big = '{"type":"input.text.append","text":"' + "a" * p.MAX_FRAME_BYTES + '"}'
     err(too_big, "event_too_large")
     err(too_big.encode(), "event_too_large")

@@ -393,6 +393,8 @@ def test_unknown_and_non_v3_types_are_unsupported_event(server, type_):
     c.send({"type": type_})  # without event_id: nothing to echo
     err = c.expect_error("unsupported_event", fatal=False, details={})
     assert err["message"] == f"Unsupported event: {type_}"
+    c.send({"type": type_, "event_id": "e" * 257})  # too long to echo: none (no amplification)
+    err = c.expect_error("unsupported_event", fatal=False, details={})
     c.sync()
 
 

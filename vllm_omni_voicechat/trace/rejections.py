@@ -11,6 +11,7 @@ from typing import Any
 
 MAX_V3_APPEND_BYTES = 40_960  # contract §4 rule 7
 TIERED_MAX_FRAME_BYTES = 15 * 1024 * 1024
+MAX_ECHOED_ID_CHARS = 256  # a longer event_id is not echoed (tiered: the event is refused as bad_event)
 
 V3_CLIENT_TYPES = frozenset(
     {"session.update", "input_audio_buffer.append", "input_audio_buffer.turn_start", "input_audio_buffer.commit",
@@ -73,7 +74,7 @@ def predict_v3(index: int, obj: Any, barriers: dict[tuple[str, str, int], int],
         return Owed(index, "<not an object>", frozenset({"invalid_event"}), None)
     type_ = obj.get("type")
     eid = obj.get("event_id")
-    echo = eid if (isinstance(eid, str) or is_int(eid)) else None
+    echo = eid if ((isinstance(eid, str) and len(eid) <= MAX_ECHOED_ID_CHARS) or is_int(eid)) else None
     name = type_ if isinstance(type_, str) else "<no type>"
     if not isinstance(type_, str) or type_ not in V3_CLIENT_TYPES:
         return Owed(index, name, frozenset({"unsupported_event"}), echo)
@@ -121,7 +122,7 @@ def predict_tiered(index: int, obj: Any, raw: Any, stops: list[int]) -> Owed | N
     eid = obj.get("event_id")
     type_ = obj.get("type")
     name = type_ if isinstance(type_, str) and type_ else "<no type>"
-    if eid is not None and not isinstance(eid, str):
+    if eid is not None and (not isinstance(eid, str) or len(eid) > MAX_ECHOED_ID_CHARS):
         return Owed(index, name, frozenset({"bad_event"}), None)
     if not isinstance(type_, str) or not type_:
         return Owed(index, name, frozenset({"bad_event"}), eid)

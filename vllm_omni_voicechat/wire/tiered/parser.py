@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Mapping
 import pybase64
 
 from .audio import AudioFormatError, check_sample_rate
+from ..transport import MAX_ECHOED_ID_CHARS
 from .fields import FieldRejected, format_and_rate, is_number
 
 MAX_FRAME_BYTES = 15 * 1024 * 1024  # §2: frame > 15 MiB → event_too_large
@@ -644,6 +645,8 @@ def _parse_object(obj: Any) -> ClientEvent | ParseError:
     event_id = obj.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         return ParseError("bad_event", "event_id must be a string", None, "event_id")
+    if event_id is not None and len(event_id) > MAX_ECHOED_ID_CHARS:  # every error echoes it: no amplification
+        return ParseError("bad_event", f"event_id is longer than {MAX_ECHOED_ID_CHARS} characters", None, "event_id")
     kind = obj.get("type")
     if not isinstance(kind, str) or not kind:
         return ParseError("bad_event", "event type (a non-empty string) is required", event_id, "type")

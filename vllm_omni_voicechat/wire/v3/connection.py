@@ -27,7 +27,15 @@ from ...session.commands import (
 )
 from ...session.core import SessionCore, Tick
 from ...session.tools import InvalidTools, normalize_tools
-from ..transport import CloseTransport, Outbound, close_reason, compact_json, refused_event_id, server_json
+from ..transport import (
+    MAX_ECHOED_ID_CHARS,
+    CloseTransport,
+    Outbound,
+    close_reason,
+    compact_json,
+    refused_event_id,
+    server_json,
+)
 from .audio import AudioRejected, decode_append
 from .project import V3Projector, WireEvent
 from .schema import (
@@ -406,8 +414,11 @@ def _text(event: WireEvent) -> Outbound:
 
 
 def _event_id(msg: dict) -> Any:
+    """The client event id an error echoes; None for a string too long to echo (no amplification)."""
     value = msg.get("event_id")
-    return value if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if isinstance(value, str):
+        return value if len(value) <= MAX_ECHOED_ID_CHARS else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 _HANDLERS = {
