@@ -63,6 +63,17 @@ def test_memory_smoke(tmp_path):
     assert proc.stdout.strip().splitlines()[-1].startswith("memory per session: v3 ")
 
 
+def test_trickled_frame_smoke(tmp_path):
+    out = tmp_path / "trickle.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "trickled_frame.py"), "--mib", "0.25", "--read", "512",
+                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["parameters"] == {"mib": 0.25, "read_bytes": 512}
+    assert set(report["cpu_s"]) == {"ours", "websockets"} and all(v >= 0 for v in report["cpu_s"].values())
+    assert proc.stdout.startswith("0.25 MiB text frame in 512-byte reads (513 reads):")
+
+
 def test_capacity_smoke(tmp_path):
     """Both dialects, one short trial each, the load generator in its own process: every figure the search and the
     closing note rely on is there and measured."""

@@ -61,6 +61,7 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
             _PROTOCOLS[self.voicechat_key] = self
         self._request_bytes: bytearray | None = bytearray()  # until the opening request is parsed
         self._frames: bytearray | None = None  # our framing: the partial frame after the last whole one
+        self._needed = 2  # the bytes the partial frame needs before parsing it again gets further
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -84,9 +85,17 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
                 elif len(request) > _MAX_REQUEST_BYTES:
                     self._request_bytes = None  # websockets refuses it; never ours
             return
-        view = memoryview(frames + data if frames else data)
+        if frames:  # a partial frame waits: grow it in place, and parse only once the bytes it needs are here
+            frames += data
+            if len(frames) < self._needed:
+                return
+            buf: bytes | bytearray = frames
+        else:
+            buf = data
+        view = memoryview(buf)
         n = len(view)
         pos = 0
+        needed = 2  # how many bytes from ``pos`` the next frame needs before it can be parsed further
         conn = self.conn
         while n - pos >= 2:
             b0, b1 = view[pos], view[pos + 1]
@@ -96,6 +105,7 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
             length = b1 & 0x7F
             size_end = pos + (4 if length == 126 else 10 if length == 127 else 2)
             if size_end > n:
+                needed = size_end - pos
                 break
             if length >= 126:
                 length = int.from_bytes(view[pos + 2 : size_end], "big")
@@ -104,6 +114,7 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
             head = size_end + 4  # the mask
             end = head + length
             if end > n:
+                needed = end - pos
                 break
             receiver = self.receiver
             if not control and receiver is not None and not self.close_sent and conn.state is State.OPEN:
@@ -122,10 +133,14 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
                     continue
             super().data_received(bytes(view[pos:end]))
             pos = end
-        rest = bytes(view[pos:])
         view.release()
-        if self._frames is not None:
-            self._frames = bytearray(rest)
+        if self._frames is None:
+            return
+        if buf is frames:
+            del frames[:pos]  # the partial frame moves to the front once, not on every read
+        else:
+            self._frames = bytearray(data[pos:])
+        self._needed = needed if pos < n else 2
 
     def _hand_over(self, view: memoryview, pos: int) -> None:
         """From the frame at ``pos`` on, websockets reads everything (its parser waits at that frame's start)."""
