@@ -332,6 +332,7 @@ def test_turn_detection_and_overlap_policy() -> None:
     assert (s.turn_detection, s.overlap_policy) == (vad, "barge_in_on_speech")
     assert ok(s, {"overlap_policy": "barge_in_on_speech"}).overlap_policy == "barge_in_on_speech"
     assert ok(s, {"idle_timeout_s": 10}).overlap_policy == "barge_in_on_speech"  # untouched, kept
+    assert ok(s, {"idle_timeout_s": 3600}).idle_timeout_s == 3600  # the bound itself
     off = ok(s, {"turn_detection": None})
     assert (off.turn_detection, off.overlap_policy) == (None, "listen_only")
     sem = ok(s, {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}})
@@ -517,6 +518,8 @@ ERRORS: list[tuple[dict | object, str, str | None]] = [
     ({"playback_commit_policy": "never"}, "invalid_session_config", "playback_commit_policy"),
     ({"idle_timeout_s": 0}, "invalid_session_config", "idle_timeout_s"),
     ({"idle_timeout_s": -1.0}, "invalid_session_config", "idle_timeout_s"),
+    ({"idle_timeout_s": 1e300}, "invalid_session_config", "idle_timeout_s"),  # a slot held for ever
+    ({"idle_timeout_s": 3600.5}, "invalid_session_config", "idle_timeout_s"),
     ({"idle_timeout_s": "5"}, "invalid_session_config", "idle_timeout_s"),
     ({"idle_timeout_s": True}, "invalid_session_config", "idle_timeout_s"),
     ({"idle_timeout_s": float("inf")}, "invalid_session_config", "idle_timeout_s"),

@@ -71,6 +71,9 @@ _GA_INCLUDE: tuple[str, ...] = ("item.input_audio_transcription.logprobs",)
 _EXTRA_BODY_FIELDS = ("auto_response", "duplex_initial_user_text", "realtime_tools")
 
 
+MAX_IDLE_TIMEOUT_S = 3600.0
+"""The longest idle timeout a client may ask for: an idle session holds a slot (and its model state) that long."""
+
 @dataclass(frozen=True, slots=True)
 class SettingsError:
     code: str
@@ -454,8 +457,8 @@ def _apply(
     idle = update.get("idle_timeout_s")
     if idle is None:
         idle = current.idle_timeout_s
-    elif not is_number(idle) or idle <= 0:
-        raise _invalid("idle_timeout_s must be a number > 0", "idle_timeout_s")
+    elif not is_number(idle) or not 0 < idle <= MAX_IDLE_TIMEOUT_S:
+        raise _invalid(f"idle_timeout_s must be a number > 0 and <= {MAX_IDLE_TIMEOUT_S:g}", "idle_timeout_s")
 
     extra_body = dict(current.extra_body)
     auto_response = current.auto_response
