@@ -516,6 +516,19 @@ def test_takeover_while_attached_replaces_the_old_socket(url):
     close_session(b)
 
 
+def test_an_openai_lane_url_cannot_resume_a_full_lane_session(url):
+    """The OpenAI lane has no resume (§13): a first-message session.resume on its URL is refused, and the full-lane
+    session it named is untouched."""
+    a, created = open_full(url)
+    b = RawClient(url + "/v1/realtime?model=sim&resume=1")
+    b.send({**resume(created, 1), "event_id": "r1"})
+    err = refusal(b, "unsupported_session_resume")["error"]
+    assert err["event_id"] == "r1"
+    a.send({"type": "session.heartbeat"})
+    assert a.recv_type("session.heartbeat_ack")["server_event_seq"] == 2  # still attached to a
+    close_session(a)
+
+
 def test_resume_refusals_are_seq_less_and_close(url):
     unknown = RawClient(url + "/v1/duplex?autostart=0")
     unknown.send({"type": "session.resume", "event_id": "r9", "session_id": "duplex-nope", "resume_token": "rt_x"})

@@ -287,6 +287,11 @@ class VoicechatServer:
                 return
             first = message.get("text") if message.get("text") is not None else message.get("bytes")
             parsed = tiered_parser.parse(first or "")
+            if isinstance(parsed, tiered_parser.SessionResume) and route.lane != "full":
+                err = self._error("unsupported_session_resume", "session.resume is served on the full lane only "
+                                  "(/v1/realtime?duplex=1 or /v1/duplex)", event_id=parsed.event_id)
+                await self._answer(websocket, err, 1000, "unsupported_session_resume")
+                return
             if isinstance(parsed, tiered_parser.SessionResume):
                 await self._resume(websocket, parsed)
                 return
