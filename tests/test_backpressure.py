@@ -233,6 +233,7 @@ def test_v3_stalled_reader_fails_its_session_while_another_session_answers():
 
         assert [e["type"] for e in v3_turn(other, "again", 2)][-1] == "response.done"  # still served
         other.close()
+        assert app.usage.ended[("v3", "output_backpressure")] == 1  # not counted as the client leaving
 
 
 def test_tiered_stalled_reader_is_detached_and_resumes_from_the_journal():

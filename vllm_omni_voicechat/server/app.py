@@ -598,7 +598,7 @@ def ended_reason(att: Attachment) -> str:
     """How a session ended, from a bounded set: its close reason (an error code or a ``session.closed`` reason),
     else ``disconnect`` (the client left)."""
     if att.close_code is None:
-        return "disconnect"
+        return att.close_label or "disconnect"  # a session failed by its own output backpressure says so
     return att.close_label or "completed"
 
 

@@ -102,6 +102,7 @@ class Attachment:
             return
         self.overflows += 1
         if self.fail_on_overflow:
+            self.close_label = "output_backpressure"  # how it ended, for the counters (not the client leaving)
             if self.shell is not None:
                 self.shell.disconnect()  # the session fails silently now; its error goes out when it has ended
             return
