@@ -121,6 +121,7 @@ def test_twice_oversubscribed_every_client_gets_its_turn_in_queue_order():
                 transcript = [e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"]
                 c.send({"type": "session.close"})
                 c.recv_until(lambda e: e["type"] == "session.closed")
+                assert c.close_code() == 1000  # the slot is free before the close frame is written
                 return queue, transcript[0]
             finally:
                 c.close()

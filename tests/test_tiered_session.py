@@ -1057,7 +1057,7 @@ def test_the_openai_lane_speaks_cancels_calls_tools_and_errors_in_ga_events_only
     assert d.send({"type": "session.heartbeat"}) == [] and d.send({"type": "turn.signal", "event": "x"}) == []
     d.send({"type": "session.close"})
     d.run()
-    assert d.outputs[-1] == CloseTransport(1000, "client_close")  # a graceful close carries its reason
+    assert d.outputs[-1] == CloseTransport(1000, "client_close", "client_close")  # its reason, and its label
     assert_openai_compatible(d.events)
 
 
