@@ -109,6 +109,9 @@ async def run_script(url: str, name: str) -> tuple[list[dict], int]:
         if e["type"] == "voicechat.metrics" and e["frame"] is not None:
             state = dict(e["turn_state"])
             state.pop("late_ms", None)
+            # read when the position completed: whether the commit written right behind the burst was read by then
+            # is timing (a loaded machine read it a position later), not the session's evidence
+            state.pop("open_client_turn_id", None)
             batch = max(batch, state["model"].get("stage0_batch") or 0)
             state["model"] = {k: v for k, v in state["model"].items() if k not in BATCH_FIELDS}
             positions.append({"frame": e["frame"], "transport_frame": e["transport_frame"], **state})
