@@ -69,7 +69,8 @@ class CloseTransport:
 
 
 MAX_ECHOED_ID_CHARS = 256
-"""A refused frame's event id longer than this is not echoed (its refusal carries none)."""
+"""An event id longer than this is never echoed (every error echoes one): the tiered dialect refuses the event,
+v3 answers without it, and a refused frame's refusal carries none."""
 
 
 def refused_event_id(message: str | bytes) -> Any:
