@@ -6,10 +6,11 @@ Each framework runs in a venv of its own (their pins differ); this module import
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import numpy as np
 import soxr
@@ -73,3 +74,37 @@ def simulator_server(max_sessions: int = 2) -> Iterator[tuple[str, ServerErrors]
             yield base, errors
     finally:
         logger.removeHandler(errors)
+
+
+class Microphone:
+    """A framework's microphone: 20 ms frames at ``rate``, silence unless the flow said something (each utterance
+    followed by a second of silence). ``run(push)`` hands each frame to the framework, paced as a capture device."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._speech: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def say(self, text: str) -> None:
+        self._speech.put_nowait(speech(text, self.rate) + silence(1.0, self.rate))
+
+    async def run(self, push: Callable[[bytes], Awaitable[None] | None]) -> None:
+        frame = 2 * self.rate // 50
+        pending = b""
+        while True:
+            if not pending and not self._speech.empty():
+                pending = self._speech.get_nowait()
+            chunk, pending = (pending[:frame], pending[frame:]) if pending else (silence(0.02, self.rate), b"")
+            pushed = push(chunk)
+            if pushed is not None:
+                await pushed
+            await asyncio.sleep(0.02)  # ok: a capture device's pace; outcomes wait on conditions, never on it
+
+
+async def until(predicate: Callable[[], bool], changed: asyncio.Event, timeout_s: float) -> None:
+    """Waits until ``predicate`` holds, re-checking whenever ``changed`` is set (the flow's bound: ``timeout_s``)."""
+    async def wait() -> None:
+        while not predicate():
+            changed.clear()
+            await changed.wait()
+
+    await asyncio.wait_for(wait(), timeout_s)

@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import struct
-import threading
 import time
 from urllib.parse import urlsplit
 
@@ -30,6 +29,7 @@ from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
 from vllm_omni_voicechat.wire.transport import refused_event_id
 
 from .server_fixture import RawClient, running_app
+from .test_tiered_server import GatedModel
 
 BOUND_EVENTS = 1024
 BOUND_BYTES = 192 << 10  # ~3 s of the endless response's events: the bytes bound trips first
@@ -128,39 +128,7 @@ def wait_until(predicate, timeout: float = 20.0):
     return value
 
 
-class HeldModel:
-    """The simulator behind a gate the test holds: while held, the next step waits (``held`` is set), so what a
-    client sends meanwhile stays with the shell (its inbox, then its refusals), however fast either side runs."""
-
-    inline_steps = False  # the shell runs its steps off the loop, where a wait blocks only this session
-
-    def __init__(self) -> None:
-        self.inner = SimulatorModel(SimBehaviour(prefill_delay_s=0.02))
-        self.held = threading.Event()
-        self._gate = threading.Event()
-        self._gate.set()
-
-    def hold(self) -> None:
-        self._gate.clear()
-
-    def release(self) -> None:
-        self._gate.set()
-
-    def prefill(self, prompt) -> None:
-        self.inner.prefill(prompt)
-
-    def step(self, position):
-        if not self._gate.is_set():
-            self.held.set()
-            self._gate.wait(30)
-        return self.inner.step(position)
-
-    def abort(self) -> None:
-        self.release()
-        self.inner.abort()
-
-
-def flood_until_refused(client: RawClient, shell, model: HeldModel, flood: list[str]) -> None:
+def flood_until_refused(client: RawClient, shell, model: GatedModel, flood: list[str]) -> None:
     """Sends ``flood`` while the model is held mid-step: the shell's inbox fills, the next events are refused
     (their refusals wait in order behind the inbox), the reader then waits; releases the model once a refusal
     was counted."""
@@ -268,7 +236,7 @@ def test_tiered_stalled_reader_is_detached_and_resumes_from_the_journal():
 
 
 def test_v3_input_flood_is_refused_with_typed_errors_in_order_and_the_session_stays_usable():
-    model = HeldModel()
+    model = GatedModel()
     cfg = ServerConfig(model_factory=lambda: model, settlement_blank_frames=3, max_inbox_messages=8)
     with running_app(cfg) as (url, app):
         c = RawClient(url + "/v1/voicechat")
@@ -276,7 +244,7 @@ def test_v3_input_flood_is_refused_with_typed_errors_in_order_and_the_session_st
         c.send(UPDATE)
         c.recv_type("session.updated")
         c.send(barrier("turn_start", 1, "s1"))
-        model.hold()
+        model.run_for(0)  # the next step waits at the gate
         pcm = render_speech("hello") + bytes(INPUT_FRAME_BYTES * 40)
         for i in range(0, len(pcm), 40_960):
             c.send(append(pcm[i:i + 40_960]))
@@ -299,12 +267,12 @@ def test_v3_input_flood_is_refused_with_typed_errors_in_order_and_the_session_st
 
 
 def test_tiered_input_flood_gets_rate_limit_errors_with_their_seq():
-    model = HeldModel()
+    model = GatedModel()
     cfg = ServerConfig(model_factory=lambda: model, max_inbox_messages=4)
     with running_app(cfg) as (url, app):
         c = RawClient(url + "/v1/duplex?model=sim")
         sid = c.recv_type("session.created")["session"]["id"]
-        model.hold()
+        model.run_for(0)  # the next step waits at the gate
         pcm = (render_speech("hello") + bytes(INPUT_FRAME_BYTES * 30))
         c.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
         flood = [f"f{i}" for i in range(100)]

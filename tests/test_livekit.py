@@ -31,13 +31,12 @@ from .framework_flows import (  # noqa: E402
     WEATHER_CALL,
     WEATHER_RESULT,
     WEATHER_TOOL,
-    silence,
+    Microphone,
     simulator_server,
-    speech,
+    until,
 )
 
 RATE = 48_000  # a room's track; LiveKit resamples to the 24 kHz it sends
-CHUNK = 2 * RATE // 50  # 20 ms
 WAIT_S = 60.0  # a flow's bound: it ends at an awaited condition long before, on any machine
 
 TURN_DETECTION: dict[str, Any] = {
@@ -84,7 +83,7 @@ class Agent:
         self.server_events: list[dict] = []
         self._tasks: list[asyncio.Task] = []
         self._changed = asyncio.Event()
-        self._speech: asyncio.Queue[bytes] = asyncio.Queue()
+        self.microphone = Microphone(RATE)
         s = self.session
         s.on("generation_created", self._on_generation)
         s.on("error", lambda e: self._note(self.errors.append(e)))
@@ -92,7 +91,9 @@ class Agent:
         s.on("input_audio_transcription_completed",
              lambda e: self._note(self.transcripts.append(e.transcript) if e.is_final else None))
         s.on("openai_server_event_received", lambda e: self.server_events.append(e))
-        self._tasks.append(asyncio.create_task(self._microphone()))
+        self._tasks.append(asyncio.create_task(self.microphone.run(
+            lambda chunk: s.push_audio(rtc.AudioFrame(data=chunk, sample_rate=RATE, num_channels=1,
+                                                      samples_per_channel=len(chunk) // 2)))))
 
     def _count_speech(self) -> None:
         self.speech_started += 1
@@ -133,26 +134,10 @@ class Agent:
         self._note()
 
     async def until(self, predicate) -> None:
-        async def wait() -> None:
-            while not predicate():
-                self._changed.clear()
-                await self._changed.wait()
-
-        await asyncio.wait_for(wait(), WAIT_S)
+        await until(predicate, self._changed, WAIT_S)
 
     def say(self, text: str) -> None:
-        self._speech.put_nowait(speech(text, RATE) + silence(1.0, RATE))
-
-    async def _microphone(self) -> None:
-        quiet = silence(0.02, RATE)
-        pending = b""
-        while True:
-            if not pending and not self._speech.empty():
-                pending = self._speech.get_nowait()
-            chunk, pending = (pending[:CHUNK], pending[CHUNK:]) if pending else (quiet, b"")
-            self.session.push_audio(rtc.AudioFrame(data=chunk, sample_rate=RATE, num_channels=1,
-                                                   samples_per_channel=len(chunk) // 2))
-            await asyncio.sleep(0.02)
+        self.microphone.say(text)
 
     def said(self, text: str) -> Generation | None:
         return next((g for g in self.generations if text in g.spoken), None)

@@ -47,13 +47,12 @@ from .framework_flows import (  # noqa: E402
     WEATHER_CALL,
     WEATHER_RESULT,
     WEATHER_TOOL,
-    silence,
+    Microphone,
     simulator_server,
-    speech,
+    until,
 )
 
 RATE = 24_000  # Pipecat's realtime service sends and receives 24 kHz
-CHUNK = 2 * RATE // 50  # 20 ms, as a transport's microphone frames
 WAIT_S = 60.0  # a flow's bound: it ends at an awaited condition long before, on any machine
 
 TURN_DETECTION: dict[str, Any] = {
@@ -111,7 +110,7 @@ class Bot:
         self.worker = PipelineWorker(Pipeline([pair.user(), Tap(self), self.llm, Tap(self), pair.assistant()]),
                                      params=PipelineParams(audio_in_sample_rate=RATE), idle_timeout_secs=None,
                                      enable_rtvi=False)
-        self._speech: asyncio.Queue[bytes] = asyncio.Queue()
+        self.microphone = Microphone(RATE)
 
     async def _get_weather(self, params: FunctionCallParams) -> None:
         self.calls.append(dict(params.arguments))
@@ -124,12 +123,7 @@ class Bot:
         self._seen.set()
 
     async def until(self, predicate) -> None:
-        async def wait() -> None:
-            while not predicate():
-                self._seen.clear()
-                await self._seen.wait()
-
-        await asyncio.wait_for(wait(), WAIT_S)
+        await until(predicate, self._seen, WAIT_S)
 
     async def greeted(self) -> None:
         """What Pipecat's examples do as a client connects: LLMRunFrame over a context with no user message (the
@@ -138,22 +132,13 @@ class Bot:
         await self.until(lambda: self.spoke("Hello! How can I help?"))
 
     def say(self, text: str) -> None:
-        self._speech.put_nowait(speech(text, RATE) + silence(1.0, RATE))
-
-    async def _microphone(self) -> None:
-        quiet = silence(0.02, RATE)
-        pending = b""
-        while True:
-            if not pending and not self._speech.empty():
-                pending = self._speech.get_nowait()
-            chunk, pending = (pending[:CHUNK], pending[CHUNK:]) if pending else (quiet, b"")
-            await self.worker.queue_frame(InputAudioRawFrame(audio=chunk, sample_rate=RATE, num_channels=1))
-            await asyncio.sleep(0.02)
+        self.microphone.say(text)
 
     async def run(self, flow) -> None:
         """Runs the pipeline and the microphone while ``flow(self)`` runs; ends the pipeline after it."""
         runner = asyncio.create_task(PipelineRunner(handle_sigint=False).run(self.worker))
-        mic = asyncio.create_task(self._microphone())
+        mic = asyncio.create_task(self.microphone.run(
+            lambda chunk: self.worker.queue_frame(InputAudioRawFrame(audio=chunk, sample_rate=RATE, num_channels=1))))
         try:
             await flow(self)
         finally:
