@@ -253,7 +253,7 @@ def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport
                  "headers": [], "query_string": b""}
         gone: list[bool] = []
         outbox = Outbox(WebSocket(scope, None, None), ServerConfig.simulator(), on_overflow=lambda: None,
-                        on_gone=lambda: gone.append(True))
+                        on_gone=lambda outbox: gone.append(True))
         assert outbox.put('{"type":"a"}') and outbox.put('{"type":"b"}')
         assert transport.writes == []  # not before the step yields
         await _loop_turns(3)

@@ -56,7 +56,7 @@ class Attachment:
         A resumed socket whose ``resume_outputs`` (``session.resumed`` + replay) are not all written when it fails
         rolls the credential back: the client may never have seen the new token."""
 
-        def gone() -> None:
+        def gone(outbox: Outbox) -> None:
             if self.socket is ws and outbox.sent_events < resume_outputs:
                 self.protocol.rollback_resume()
             self.detach(ws)

@@ -28,13 +28,13 @@ class Outbox:
     Sessions hand events over without waiting on the network, so a slow reader never stalls a session's model
     clock. Events queued or being written count against ``max_bytes``/``max_events``; the first event that would
     exceed either is not queued and ``on_overflow`` runs once (the owner's policy). ``on_gone`` runs when a write
-    fails (the client left).
+    fails (the client left); it is handed the outbox, so that neither callback need refer to it (no cycle).
 
     On our uvicorn protocol every event queued when the writer wakes goes out in one transport write (a position's
     events are queued together, so one write per position); elsewhere one ASGI send per event."""
 
     def __init__(self, websocket: WebSocket, config: ServerConfig, *, on_overflow: Callable[[], None],
-                 on_gone: Callable[[], None]) -> None:
+                 on_gone: Callable[[Outbox], None]) -> None:
         self.websocket = websocket
         self.max_bytes = config.max_outbound_bytes
         self.max_events = config.max_outbound_events
@@ -176,14 +176,17 @@ class Outbox:
                 if self._queue and self._queue[0] is entry:
                     self._count(self._queue.popleft(), -1)
         except asyncio.CancelledError:
-            raise
+            # Cancelled (an abort, the server's shutdown): the writer is done for good. Returning instead of
+            # re-raising keeps the error, whose traceback holds this frame and so the outbox, out of the task: no
+            # cycle outbox -> task -> error -> frame -> outbox for the collector to find.
+            self.gone = True
         except Exception:  # the client left: a write failure is a disconnect
             self._lost()
 
     def _lost(self) -> None:
         self.gone = True
         self._clear()
-        self._on_gone()
+        self._on_gone(self)
 
     def _write_batch(self, direct: AbortableWebSockets, trace: Trace | None) -> None:
         """Write the events at the head of the queue in one transport write, then drop them from the queue (no

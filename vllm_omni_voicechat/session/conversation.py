@@ -1,8 +1,10 @@
 """What the client sees of the model's positions: the open input turn and response, their brackets, transcript
-and output deltas, the agent watchdogs and the per-position metrics (the liveness signal)."""
+and output deltas, the agent watchdogs and the per-position metrics (the liveness signal). It emits through the
+core's output list and is handed the core only to publish a position (a call the model makes is the core's business)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,6 +24,7 @@ from .events import (
     TextDone,
     TranscriptCompleted,
     TranscriptDelta,
+    Output,
     TurnCommitted,
 )
 from .gate import MicFrame
@@ -29,6 +32,8 @@ from .watchdog import AgentWatchdog
 
 if TYPE_CHECKING:
     from .core import SessionCore
+    from .functions import FunctionCycles
+    from .turns import TurnLedger
 
 
 @dataclass(slots=True)
@@ -52,10 +57,12 @@ class Response:
 
 
 class Conversation:
-    def __init__(self, core: SessionCore) -> None:
-        self._core = core
-        self._emit = core.emit
-        self._functions = core.functions
+    def __init__(self, emit: Callable[[Output], None], session_id: str, turns: TurnLedger,
+                 functions: FunctionCycles) -> None:
+        self._emit = emit
+        self._session_id = session_id
+        self._turns = turns
+        self._functions = functions
         self._turn_seq = 0
         self._response_seq = 0
         self.input_turn: InputTurn | None = None
@@ -76,7 +83,7 @@ class Conversation:
 
     def new_turn_id(self) -> str:
         self._turn_seq += 1
-        return f"turn_{self._core.session_id}_{self._turn_seq}"
+        return f"turn_{self._session_id}_{self._turn_seq}"
 
     def open_input_turn(self, turn_id: str, source: Source, job_id: str | None, correlation: int | str) -> InputTurn:
         turn = InputTurn(turn_id, source, job_id, self.pending_transcript)
@@ -98,7 +105,7 @@ class Conversation:
         self._watchdog.reset()
         self._eos_reason = None
         self._response_seq += 1
-        self.response = Response(turn_id, f"response_{self._core.session_id}_{self._response_seq}")
+        self.response = Response(turn_id, f"response_{self._session_id}_{self._response_seq}")
         self._emit(ResponseCreated(turn_id, self.response.response_id))
         return self.response
 
@@ -119,6 +126,7 @@ class Conversation:
 
     def publish(
         self,
+        core: SessionCore,
         result: StepResult,
         *,
         ack: TurnCommitted | None = None,
@@ -127,7 +135,6 @@ class Conversation:
         eou_turn_id: str | None = None,
     ) -> None:
         """Publish one position's events in contract order; then its metrics."""
-        core = self._core
         emit = self._emit
         self.blank_count = result.rnnt.blank_count
         self.model_busy = result.function.busy or result.function.post_fc_bos_pending
@@ -147,7 +154,7 @@ class Conversation:
         if agent.control is AgentControl.AGENT_BOS and self.response is None and not suppress:
             self.open_response(eou_turn_id or self.new_turn_id())
         if result.tool_call is not None:
-            self._functions.on_tool_call(result, suppress)
+            self._functions.on_tool_call(core, result, suppress)
             if core.closed:
                 return
         response = self.response
@@ -172,7 +179,6 @@ class Conversation:
     def _emit_metrics(self, result: StepResult, delivered: bool) -> None:
         m = self.step_metrics
         assert m is not None
-        core = self._core
         response = self.response
         cycle = self._functions.cycle
         self._emit(
@@ -190,7 +196,7 @@ class Conversation:
                 turn_id=self.input_turn.turn_id if self.input_turn else (response.turn_id if response else None),
                 response_id=response.response_id if response else None,
                 turn_state={
-                    "open_client_turn_id": core.turns.open_client_turn_id,
+                    "open_client_turn_id": self._turns.open_client_turn_id,
                     "blank_count": result.rnnt.blank_count,
                     "agent_control": result.agent.control.value,
                     "boundary": result.boundary.phase.value,

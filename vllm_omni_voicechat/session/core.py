@@ -69,10 +69,10 @@ from .functions import (
     Tokenizer,
 )
 from .gate import MicFrame
-from .input_turns import InputTurns
+from . import input_turns, procedures
 from .microphone import Microphone
 from .phase import Move, Phase, next_phase
-from .procedures import Plan, Procedure, Procedures
+from .procedures import Plan, Procedure
 from .settlement import DEFAULT_FENCE
 from .turns import TurnLedger
 from .typed import TypedJobs
@@ -152,23 +152,24 @@ class SessionCore:
         self.turns = TurnLedger()
         self.work = WorkQueue()
         self.microphone = Microphone(config, self.work)
-        self.input_turns = InputTurns(self)
         self.phase = Phase.OPEN
         self.closed = False
         """``phase is Phase.CLOSED``, kept by :meth:`_move` (read on every step)."""
         self.now = 0.0
         self.prompt: SessionPrompt | None = None
+        # The parts emit into this list (never replaced: they hold its append) and are handed the core per call,
+        # never keeping it: an ended session is freed by reference counting, without the cycle collector.
+        self._out: list[Output] = []
+        emit = self._out.append
         # The head is being prefilled; later updates wait so each ack follows the prefill of what it acks.
         self._configs: deque[Configure] = deque()
-        self.functions = FunctionCycles(self)
-        self.typed = TypedJobs(self)
-        self.conversation = Conversation(self)
-        self._procedures = Procedures(self)
+        self.functions = FunctionCycles()
+        self.typed = TypedJobs(emit, self.work, self.microphone)
+        self.conversation = Conversation(emit, self.session_id, self.turns, self.functions)
         self._proc: Procedure | None = None
         self.barrier_running = False
         """The procedure running is a client turn barrier's (``turn_start`` / ``commit``, through the EOU)."""
         self._plan: Plan | None = None
-        self._out: list[Output] = []
         self._next_tokens: tuple[str, ...] = ()  # tool-result tokens for the next position
         self._next_eos = False  # agent EOS on the next position (a watchdog fired)
         # model-owned turn policy
@@ -266,7 +267,7 @@ class SessionCore:
             return self._drain()
         functions = self.functions
         if functions.cycle is not None and functions.holds(command):
-            functions.defer(command)
+            functions.defer(self, command)
             return self._drain()
         self.dispatch(command)
         return self._drain()
@@ -276,7 +277,7 @@ class SessionCore:
         self.now = now
         functions = self.functions
         if functions.cycle is not None and not self.closed:
-            functions.check_deadline(now)
+            functions.check_deadline(self, now)
         while not self.closed and self.runner.in_flight is None and not self._configs:
             if self._plan is None:
                 self._advance()
@@ -332,7 +333,7 @@ class SessionCore:
         elif plan is None or plan.kind is not PositionKind.RESPONSE_SILENCE:
             raise StateError(f"a {position.kind.value} position completed without its procedure")
         else:
-            self.conversation.publish(result)
+            self.conversation.publish(self, result)
         return self._drain()
 
     def fail(self, position: Position, error: BaseException, now: float) -> list[Output]:
@@ -379,7 +380,7 @@ class SessionCore:
     def synthesis_failed(self, job_id: str, error: BaseException, now: float) -> list[Output]:
         if self.closed:
             return []
-        self.typed.synthesis_failed(job_id, error)
+        self.typed.synthesis_failed(self, job_id, error)
         return self._drain()
 
     def abort_session(
@@ -416,23 +417,23 @@ class SessionCore:
     def dispatch(self, command: Command) -> None:
         match command:
             case AppendAudio():
-                self.input_turns.append(command)
+                input_turns.append(self, command)
             case StartTurn():
-                self.input_turns.start(command)
+                input_turns.start(self, command)
             case CommitTurn():
-                self.input_turns.commit(command)
+                input_turns.commit(self, command)
             case RequestTypedInput():
-                self.typed.request(command)
+                self.typed.request(self, command)
             case Configure():
                 self._on_configure(command)
             case Stop():
                 self._on_stop(command)
             case SubmitFunctionOutput():
-                self.functions.submit(command)
+                self.functions.submit(self, command)
             case CommitInput():
-                self.input_turns.commit_input(command)
+                input_turns.commit_input(self, command)
             case ClearInput():
-                self.input_turns.clear_input(command)
+                input_turns.clear_input(self, command)
             case CancelResponse():
                 # Ahead of queued input: the cancel runs right after the position in flight.
                 self.work.appendleft(Cancel(command))
@@ -463,7 +464,7 @@ class SessionCore:
 
     def _on_stop(self, cmd: Stop) -> None:
         self._move(Move.STOP)
-        self.typed.release(procedure_ends=False)
+        self.typed.release(self, procedure_ends=False)
         self.work.append(Close(cmd))
 
     def tune_turn_taking(self, *, auto_eou: bool, eou_blank_frames: int | None) -> None:
@@ -492,7 +493,7 @@ class SessionCore:
 
     def _next_procedure(self) -> Procedure | None:
         work = self.work
-        procs = self._procedures
+        procs = procedures
         while work:
             item = work[0]
             if type(item) is InjectTyped and item.job.state == "synthesizing":
@@ -500,31 +501,31 @@ class SessionCore:
             work.popleft()
             match item:
                 case MicFrame():
-                    return procs.frame(PositionKind.REAL, item.pcm, item.transport_frame, item.loud, item.ready)
+                    return procs.frame(self, PositionKind.REAL, item.pcm, item.transport_frame, item.loud, item.ready)
                 case TailPadding():
-                    return procs.frame(PositionKind.COMMIT_PADDING, item.pcm, item.transport_frame, ready=item.ready)
+                    return procs.frame(self, PositionKind.COMMIT_PADDING, item.pcm, item.transport_frame, ready=item.ready)
                 case EndInput():
-                    return procs.end_input(item.command)
+                    return procs.end_input(self, item.command)
                 case Cancel():
-                    return procs.cancel(item.command)
+                    return procs.cancel(self, item.command)
                 case Respond():
-                    return procs.respond()
+                    return procs.respond(self)
                 case SpeakFirst():
-                    return procs.speak_first(item.command)
+                    return procs.speak_first(self, item.command)
                 case Reack():
                     self.emit(item.event)
                 case OpenTurn():
                     self.barrier_running = True
-                    return procs.open_turn(item.command, item.turn_id)
+                    return procs.open_turn(self, item.command, item.turn_id)
                 case CommitClientTurn():
                     self.barrier_running = True
-                    return procs.commit_turn(item.command, item.turn_id)
+                    return procs.commit_turn(self, item.command, item.turn_id)
                 case InjectTyped():
-                    return procs.typed(item.job)
+                    return procs.typed(self, item.job)
                 case Close():
-                    return procs.stop()
+                    return procs.stop(self)
                 case Recover():
-                    return self.functions.recovery(item.cycle)
+                    return self.functions.recovery(self, item.cycle)
         return None
 
     def _idle_plan(self) -> Plan | None:
@@ -562,7 +563,7 @@ class SessionCore:
             self.emit(AbortModel())
         # Every typed request gets its answer and every response exactly one terminal before the error (a v3
         # client disconnects on the fatal error itself); the position guard closes its brackets after it.
-        self.typed.release(procedure_ends=True)
+        self.typed.release(self, procedure_ends=True)
         if brackets is None:
             self.conversation.close_response("failed", code)
         self.emit(Error(code, message, True, client_event_id, details or {}))
@@ -607,5 +608,7 @@ class SessionCore:
         self._out.append(output)
 
     def _drain(self) -> list[Output]:
-        out, self._out = self._out, []
-        return out
+        out = self._out
+        drained = out.copy()
+        out.clear()
+        return drained

@@ -165,10 +165,10 @@ HELD_DURING_CYCLE = (AppendAudio, StartTurn, CommitTurn, CommitInput, ClearInput
 
 class FunctionCycles:
     """The session's function-call transactions: at most one published cycle, the per-user-turn call budget, the
-    deferred BOS a tool-bearing EOU may leave pending, and the microphone input held meanwhile."""
+    deferred BOS a tool-bearing EOU may leave pending, and the microphone input held meanwhile. Each step that
+    publishes, injects or fails is handed the core it acts on."""
 
-    def __init__(self, core: SessionCore) -> None:
-        self._core = core
+    def __init__(self) -> None:
         self.cycle: Cycle | None = None
         self.deferred = DeferredInput()
         self.pending_bos_turn: str | None = None
@@ -185,9 +185,8 @@ class FunctionCycles:
     def holds(self, command: Command) -> bool:
         return self.cycle is not None and isinstance(command, HELD_DURING_CYCLE)
 
-    def on_tool_call(self, result: StepResult, suppress: bool) -> None:
+    def on_tool_call(self, core: SessionCore, result: StepResult, suppress: bool) -> None:
         """A call completed on the function channel: publish it as a transaction, or refuse it."""
-        core = self._core
         call = result.tool_call
         assert call is not None
         if suppress:
@@ -230,8 +229,7 @@ class FunctionCycles:
         self.pending_bos_turn = None
         core.emit(FunctionCallPublished(turn_id, response.response_id, call_id, name, arguments_json(call, tools)))
 
-    def submit(self, cmd: SubmitFunctionOutput) -> None:
-        core = self._core
+    def submit(self, core: SessionCore, cmd: SubmitFunctionOutput) -> None:
         try:
             tokens = result_tokens(
                 self.cycle, cmd.call_id, cmd.output, cmd.model_output, cmd.model_output_negotiated,
@@ -244,14 +242,13 @@ class FunctionCycles:
             return
         cycle = self.cycle
         assert cycle is not None
-        self._start_recovery(cycle, tokens)
+        self._start_recovery(core, cycle, tokens)
 
-    def check_deadline(self, now: float) -> None:
+    def check_deadline(self, core: SessionCore, now: float) -> None:
         """No result in time: ``function_call.failed``, the model is told so, held input replays."""
         cycle = self.cycle
         if cycle is None or cycle.state != "awaiting" or now < cycle.deadline:
             return
-        core = self._core
         core.emit(FunctionCallFailed(cycle.turn_id, cycle.response_id, cycle.call_id, "function_call_output_timeout"))
         if cycle.deferred_bos:
             # The reference invalidates the call's function epoch before failing; its detail is always present:
@@ -266,10 +263,10 @@ class FunctionCycles:
             return
         cycle.terminal = "failed"
         tokens = tuple(core.config.tokenizer(wrap_tool_result('{"error":"function_call_output_timeout"}')))
-        self._start_recovery(cycle, tokens)
+        self._start_recovery(core, cycle, tokens)
         # `failed` is the call's terminal for the client: turn state is restored now and held input replays
         # (queued behind the recovery positions that feed the model its error result).
-        self._finish(cycle)
+        self._finish(core, cycle)
 
     def _invalidate_epoch(self, cycle: Cycle) -> str | None:
         """End ``cycle``'s function epoch (no result will ever be injected); its failure message, or None."""
@@ -279,17 +276,16 @@ class FunctionCycles:
         self.pending_bos_turn = None
         return None
 
-    def _start_recovery(self, cycle: Cycle, tokens: tuple[str, ...]) -> None:
+    def _start_recovery(self, core: SessionCore, cycle: Cycle, tokens: tuple[str, ...]) -> None:
         cycle.state = "recovering"
-        self._core.inject_next(tokens)
-        self._core.work.appendleft(Recover(cycle))
+        core.inject_next(tokens)
+        core.work.appendleft(Recover(cycle))
 
-    def recovery(self, cycle: Cycle) -> Procedure:
+    def recovery(self, core: SessionCore, cycle: Cycle) -> Procedure:
         """Zero-input positions at >= 80 ms until the cycle is idle (and a deferred BOS arrived), then ack."""
-        core = self._core
         for _ in range(core.config.function_recovery_max_frames):
             result = yield Plan(PositionKind.RECOVERY)
-            core.conversation.publish(result)
+            core.conversation.publish(core, result)
             if core.closed:
                 return
             fn = result.function
@@ -302,7 +298,7 @@ class FunctionCycles:
                                details={"call_id": cycle.call_id})
                     return
             if not fn.busy and not cycle.deferred_bos:
-                self._finish(cycle)
+                self._finish(core, cycle)
                 return
         core.fatal(
             "function_output_apply_timeout",
@@ -310,11 +306,10 @@ class FunctionCycles:
             details={"call_id": cycle.call_id},
         )
 
-    def _finish(self, cycle: Cycle) -> None:
+    def _finish(self, core: SessionCore, cycle: Cycle) -> None:
         if self.cycle is not cycle:
             return  # already finished (a timed-out cycle ends at `failed`)
         self.cycle = None
-        core = self._core
         if cycle.terminal == "applied":
             core.emit(FunctionOutputApplied(cycle.call_id))
         for command in self.deferred.drain():  # held microphone input, in its original order
@@ -322,10 +317,10 @@ class FunctionCycles:
                 return
             core.dispatch(command)
 
-    def defer(self, command: Command) -> None:
+    def defer(self, core: SessionCore, command: Command) -> None:
         size = getattr(command, "wire_bytes", 0) or (len(command.pcm) if isinstance(command, AppendAudio) else 64)
         if not self.deferred.offer(command, size):
-            self._core.fatal(
+            core.fatal(
                 "deferred_input_overflow",
                 f"more than {self.deferred.limit} bytes of input held during a function cycle",
                 client_event_id=getattr(command, "client_event_id", None),

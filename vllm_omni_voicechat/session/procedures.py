@@ -2,7 +2,8 @@
 
 Each work item runs as a generator that yields position plans and receives their step results, so sequences such
 as cancel tail -> turn start, or settlement -> fused EOU/BOS, read top to bottom. A procedure publishes what each
-position shows through the core's conversation and ends the session through ``core.fatal``.
+position shows through the core's conversation and ends the session through ``core.fatal``. Procedures keep no
+state of their own: each is handed the core it runs on (a procedure's generator holds it only while it runs).
 """
 
 from __future__ import annotations
@@ -48,282 +49,279 @@ class Plan:
 Procedure = Generator[Plan, StepResult, None]
 
 
-class Procedures:
-    def __init__(self, core: SessionCore) -> None:
-        self.core = core
+# ================================================================ microphone audio
 
-    # ================================================================ microphone audio
-
-    def frame(self, kind: PositionKind, pcm: bytes, transport_frame: int | None, loud: bool = False,
-              ready: float | None = None) -> Procedure:
-        core = self.core
-        conv = core.conversation
-        result = yield Plan(kind, pcm, NO_CONTROLS, transport_frame, ready)
-        if not core.model_turns:
-            conv.publish(result)
-            return
-        turn = conv.input_turn
-        if turn is None and core.typed.job is None and (loud or result.rnnt.speech_confirmed):
-            # Model-owned onset: speech opens a candidate turn (its RNNT words so far come with it).
-            turn = conv.open_input_turn(conv.new_turn_id(), "microphone", None, "")
-            if turn.transcript:
-                core.emit(TranscriptDelta(turn.turn_id, turn.transcript, turn.transcript, "microphone", None))
-        conv.publish(result)
-        if turn is None or turn is not conv.input_turn or turn.settling or core.closed:
-            return
-        turn.quiet = 0 if loud or result.rnnt.speech_confirmed else turn.quiet + 1
-        fence = core.eou_blank_frames
-        if turn.transcript and core.auto_eou and conv.blank_count >= fence - 1:
-            yield from self._model_eou(turn, "new_response")
-        elif not turn.transcript and turn.quiet >= fence and conv.blank_count >= fence:
-            self._listen(turn, "model_listen", None)
-
-    def _model_eou(self, turn: InputTurn, cancel_reason: str) -> Procedure:
-        """End a model-owned turn: cancel a response it overlaps, then settle to the fence and fire the EOU."""
-        turn.settling = True
-        if self.core.must_cancel:
-            yield from self.cancel_tail(cancel_reason)
-            if self.core.closed:
-                return
-        yield from self._settle_and_eou(None)
-
-    def _listen(self, turn: InputTurn | None, reason: str, client_event_id: str | None) -> None:
-        turn_id = None
-        if turn is not None:
-            turn_id = self.core.conversation.close_input_turn()
-        self.core.last_turn_outcome = "listen"
-        self.core.emit(ListenDecision(turn_id, reason, client_event_id))  # type: ignore[arg-type]
-
-    # ================================================================ barriers
-
-    def end_input(self, cmd: CommitInput) -> Procedure:
-        core = self.core
-        conv = core.conversation
-        turn = conv.input_turn
-        if turn is None or turn.source != "microphone":
-            if core.last_turn_outcome != "eou":
-                self._listen(None, "silence_or_noise", cmd.client_event_id)
-            return  # the model-owned EOU already took this audio: a redundant commit is benign
-        if turn.settling:
-            return
-        turn.settling = True
-        if core.must_cancel:
-            yield from self.cancel_tail("new_response")
-            if core.closed:
-                return
-        # Words still being decoded arrive during settlement; without any, the turn ends as a listen decision.
-        steps = 0
-        while not turn.transcript and conv.blank_count < core.eou_blank_frames:
-            result = yield Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, PositionControls(pre_eou=True))
-            conv.publish(result)
-            if core.closed:
-                return
-            steps += 1
-            if steps >= 2 * core.eou_blank_frames:
-                break
-        if not turn.transcript:
-            self._listen(turn, "silence_or_noise", cmd.client_event_id)
-            return
-        yield from self._settle_and_eou(None, hold=not cmd.respond)
-        if cmd.respond and core.last_turn_outcome == "eou":
-            core.last_turn_outcome = "committed"  # a second commit of nothing is the client's mistake
-
-    def respond(self) -> Procedure:
-        core = self.core
-        turn, core.held_eou = core.held_eou, None
-        if turn is None:
-            return
-        if core.must_cancel:
-            yield from self.cancel_tail("new_response")
-            if core.closed:
-                return
-        yield from self._eou_position(turn)
-
-    def speak_first(self, cmd: RespondFirst) -> Procedure:
-        """An empty turn and its EOU: the model speaks from its prompt (the commit of nothing a client-owned turn
-        allows, for a client that asks for a response before anyone spoke)."""
-        core = self.core
-        if core.must_cancel:
-            yield from self.cancel_tail("new_response")
-            if core.closed:
-                return
-        conv = core.conversation
-        if conv.input_turn is not None:
-            return  # a user turn is open: it is what gets answered
-        conv.open_input_turn(conv.new_turn_id(), "assistant", None, cmd.client_event_id or "")
-        yield from self._settle_and_eou(None)
-
-    def cancel(self, cmd: CancelResponse) -> Procedure:
-        core = self.core
-        if core.functions.cycle is None and core.must_cancel:  # a published call's wait is ended by its output
-            yield from self.cancel_tail(cmd.reason)
-
-    def open_turn(self, cmd: StartTurn, turn_id: str) -> Procedure:
-        core = self.core
-        if core.must_cancel:
-            yield from self.cancel_tail("client_vad")
-            if core.closed:
-                return
-        turn = core.conversation.open_input_turn(turn_id, "microphone", None, cmd.client_turn_id)
-        core.emit(TurnStarted(turn_id, cmd.client_turn_id, cmd.client_event_id))
+def frame(core: SessionCore, kind: PositionKind, pcm: bytes, transport_frame: int | None, loud: bool = False,
+          ready: float | None = None) -> Procedure:
+    conv = core.conversation
+    result = yield Plan(kind, pcm, NO_CONTROLS, transport_frame, ready)
+    if not core.model_turns:
+        conv.publish(core, result)
+        return
+    turn = conv.input_turn
+    if turn is None and core.typed.job is None and (loud or result.rnnt.speech_confirmed):
+        # Model-owned onset: speech opens a candidate turn (its RNNT words so far come with it).
+        turn = conv.open_input_turn(conv.new_turn_id(), "microphone", None, "")
         if turn.transcript:
-            core.emit(TranscriptDelta(turn_id, turn.transcript, turn.transcript, "microphone", None))
+            core.emit(TranscriptDelta(turn.turn_id, turn.transcript, turn.transcript, "microphone", None))
+    conv.publish(core, result)
+    if turn is None or turn is not conv.input_turn or turn.settling or core.closed:
+        return
+    turn.quiet = 0 if loud or result.rnnt.speech_confirmed else turn.quiet + 1
+    fence = core.eou_blank_frames
+    if turn.transcript and core.auto_eou and conv.blank_count >= fence - 1:
+        yield from _model_eou(core, turn, "new_response")
+    elif not turn.transcript and turn.quiet >= fence and conv.blank_count >= fence:
+        _listen(core, turn, "model_listen", None)
 
-    def commit_turn(self, cmd: CommitTurn, turn_id: str) -> Procedure:
-        core = self.core
-        if core.must_cancel:
-            # The model self-started during the user turn: drain it before settling (§6.6).
-            yield from self.cancel_tail("pre_eou_activity_recovery:commit")
-            if core.closed:
-                return
-        ack = TurnCommitted(turn_id, cmd.client_turn_id, cmd.client_event_id)
-        yield from self._settle_and_eou(ack)
 
-    def typed(self, job: TypedJob) -> Procedure:
-        core = self.core
-        conv = core.conversation
-        job.turn_id = conv.new_turn_id()
-        if core.must_cancel:
-            yield from self.cancel_tail("typed_input")
-            if core.closed:
-                return
-        frames = FrameAssembler(INPUT_FRAME_BYTES)
-        pcm_frames = frames.push(job.pcm)
-        tail = frames.pad()
-        if tail is not None:
-            pcm_frames.append(tail)
-        for i, pcm in enumerate(pcm_frames):
-            if i == 0:
-                # The commit point: emitted immediately before the first model mutation.
-                job.state = "mutated"
-                core.emit(TypedInjectionStarted(job.job_id))
-                conv.open_input_turn(job.turn_id, "typed", job.job_id, job.job_id)
-            result = yield Plan(PositionKind.TYPED, pcm)
-            conv.publish(result)
-        yield from self._settle_and_eou(None)
+def _model_eou(core: SessionCore, turn: InputTurn, cancel_reason: str) -> Procedure:
+    """End a model-owned turn: cancel a response it overlaps, then settle to the fence and fire the EOU."""
+    turn.settling = True
+    if core.must_cancel:
+        yield from cancel_tail(core, cancel_reason)
         if core.closed:
             return
-        core.typed.finish(job, "completed")
+    yield from _settle_and_eou(core, None)
 
-    def stop(self) -> Procedure:
-        core = self.core
-        tail = core.microphone.final_tail()
-        if tail is not None and core.model_started:
-            result = yield Plan(PositionKind.FINAL, tail)
-            core.conversation.publish(result)
-            if core.closed:
-                return
-        elif not core.model_started and core.configured:
-            core.emit(AbortModel())
-        core.conversation.close_brackets("completed", "client_stop")
-        core.emit(SessionClosed("completed", "client_stop"))
-        core.close()
 
-    # ================================================================ cancel, settlement, EOU
+def _listen(core: SessionCore, turn: InputTurn | None, reason: str, client_event_id: str | None) -> None:
+    turn_id = None
+    if turn is not None:
+        turn_id = core.conversation.close_input_turn()
+    core.last_turn_outcome = "listen"
+    core.emit(ListenDecision(turn_id, reason, client_event_id))  # type: ignore[arg-type]
 
-    def cancel_tail(self, reason: str) -> Procedure:
-        """Drive the model to quiet with output suppressed (agent EOS, then silent positions); close the open
-        response as cancelled.
 
-        The acoustic tail is bounded at ``cancel_tail_max_positions``; positions spent while the function channel
-        drains a call that was never published (its result is the ``cancelled_by_new_client_turn`` error) count
-        against the post-function recovery bound instead.
-        """
-        core = self.core
-        conv = core.conversation
-        response = conv.response
-        controls = PositionControls(agent_eos=True)
-        tail = drain = 0
-        while True:
-            result = yield Plan(PositionKind.CANCEL_TAIL, SILENT_INPUT_FRAME, controls)
-            controls = NO_CONTROLS
-            conv.publish(result, suppress=True)
-            if core.closed:
-                return
-            fn = result.function
-            busy = fn.busy or fn.post_fc_bos_pending
-            terminal = result.boundary.ended or result.boundary.phase.value in ("idle", "complete")
-            if not busy and terminal:
-                if conv.response is not None:
-                    conv.close_response("cancelled", reason)
-                core.functions.pending_bos_turn = None  # an unpublished deferred-BOS cycle was interrupted
-                return
-            if busy:
-                drain += 1
-            else:
-                tail += 1
-            if tail >= core.config.cancel_tail_max_positions or drain >= core.config.function_recovery_max_frames:
-                break
-        core.fatal(
-            "response_cancel_timeout",
-            f"the model did not reach its acoustic terminal within {core.config.cancel_tail_max_positions} positions",
-            details={"response_id": response.response_id, "turn_id": response.turn_id} if response else {},
-        )
+# ================================================================ barriers
 
-    def _settle_and_eou(self, ack: TurnCommitted | None, *, hold: bool = False) -> Procedure:
-        """Settle to the RNNT fence, then the explicit EOU: fused into the fence position without tools.
-
-        ``hold``: settle to the fence (the transcript is complete), close the turn and hold its EOU for
-        ``RespondNow`` (``CommitInput(respond=False)``)."""
-        core = self.core
-        conv = core.conversation
-        turn = conv.input_turn
-        assert turn is not None
-        fused = not hold and not (core.prompt and core.prompt.tools)
-        settlement = Settlement(fence=core.config.settlement_blank_frames, fused=fused, blank_count=conv.blank_count)
-        while not (not fused and settlement.fence_met):
-            controls = dataclasses.replace(settlement.next_controls(), pre_eou=True)
-            result = yield Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, controls)
-            outcome = settlement.on_result(result, controls)
-            if outcome.kind == "fatal":
-                if outcome.publish:
-                    conv.publish(result)
-                core.fatal(
-                    outcome.code,
-                    outcome.message,
-                    details={"settlement": outcome.details, "source": turn.source, "job_id": turn.job_id},
-                )
-                return
-            if outcome.kind == "fused_terminal":
-                conv.eou_turn_id = turn.turn_id
-                core.last_turn_outcome = "eou"
-                conv.publish(result, ack=ack, close_turn=True)
-                return
-            conv.publish(result)
-            if outcome.kind == "fence_reached":
-                break
-        # Separate EOU (tools): commit after settlement, then one EOU position so the function guard covers it.
-        if ack is not None:
-            core.emit(ack)
-        conv.close_input_turn()
-        if hold:
-            core.held_eou = turn
-            core.last_turn_outcome = "held"
+def end_input(core: SessionCore, cmd: CommitInput) -> Procedure:
+    conv = core.conversation
+    turn = conv.input_turn
+    if turn is None or turn.source != "microphone":
+        if core.last_turn_outcome != "eou":
+            _listen(core, None, "silence_or_noise", cmd.client_event_id)
+        return  # the model-owned EOU already took this audio: a redundant commit is benign
+    if turn.settling:
+        return
+    turn.settling = True
+    if core.must_cancel:
+        yield from cancel_tail(core, "new_response")
+        if core.closed:
             return
-        yield from self._eou_position(turn)
+    # Words still being decoded arrive during settlement; without any, the turn ends as a listen decision.
+    steps = 0
+    while not turn.transcript and conv.blank_count < core.eou_blank_frames:
+        result = yield Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, PositionControls(pre_eou=True))
+        conv.publish(core, result)
+        if core.closed:
+            return
+        steps += 1
+        if steps >= 2 * core.eou_blank_frames:
+            break
+    if not turn.transcript:
+        _listen(core, turn, "silence_or_noise", cmd.client_event_id)
+        return
+    yield from _settle_and_eou(core, None, hold=not cmd.respond)
+    if cmd.respond and core.last_turn_outcome == "eou":
+        core.last_turn_outcome = "committed"  # a second commit of nothing is the client's mistake
 
-    def _eou_position(self, turn: InputTurn) -> Procedure:
-        """One explicit EOU position: agent BOS, or a function cycle whose BOS is deferred."""
-        core = self.core
-        conv = core.conversation
-        result = yield Plan(PositionKind.EOU, SILENT_INPUT_FRAME, PositionControls(eou_now=True))
-        conv.eou_turn_id = turn.turn_id
-        core.last_turn_outcome = "eou"
-        details = {"source": turn.source, "job_id": turn.job_id}
-        if result.agent.control is not AgentControl.AGENT_BOS:
-            if result.function.busy:
-                # The EOU position opened a function cycle: BOS is expected after its result (deferred BOS).
-                if core.functions.pending_bos_turn is not None:
-                    core.fatal("overlapping_bos_expectation", "a deferred BOS is already pending", details=details)
-                    return
-                core.functions.pending_bos_turn = turn.turn_id
-                conv.publish(result, eou_turn_id=turn.turn_id)
+
+def respond(core: SessionCore) -> Procedure:
+    turn, core.held_eou = core.held_eou, None
+    if turn is None:
+        return
+    if core.must_cancel:
+        yield from cancel_tail(core, "new_response")
+        if core.closed:
+            return
+    yield from _eou_position(core, turn)
+
+
+def speak_first(core: SessionCore, cmd: RespondFirst) -> Procedure:
+    """An empty turn and its EOU: the model speaks from its prompt (the commit of nothing a client-owned turn
+    allows, for a client that asks for a response before anyone spoke)."""
+    if core.must_cancel:
+        yield from cancel_tail(core, "new_response")
+        if core.closed:
+            return
+    conv = core.conversation
+    if conv.input_turn is not None:
+        return  # a user turn is open: it is what gets answered
+    conv.open_input_turn(conv.new_turn_id(), "assistant", None, cmd.client_event_id or "")
+    yield from _settle_and_eou(core, None)
+
+
+def cancel(core: SessionCore, cmd: CancelResponse) -> Procedure:
+    if core.functions.cycle is None and core.must_cancel:  # a published call's wait is ended by its output
+        yield from cancel_tail(core, cmd.reason)
+
+
+def open_turn(core: SessionCore, cmd: StartTurn, turn_id: str) -> Procedure:
+    if core.must_cancel:
+        yield from cancel_tail(core, "client_vad")
+        if core.closed:
+            return
+    turn = core.conversation.open_input_turn(turn_id, "microphone", None, cmd.client_turn_id)
+    core.emit(TurnStarted(turn_id, cmd.client_turn_id, cmd.client_event_id))
+    if turn.transcript:
+        core.emit(TranscriptDelta(turn_id, turn.transcript, turn.transcript, "microphone", None))
+
+
+def commit_turn(core: SessionCore, cmd: CommitTurn, turn_id: str) -> Procedure:
+    if core.must_cancel:
+        # The model self-started during the user turn: drain it before settling (§6.6).
+        yield from cancel_tail(core, "pre_eou_activity_recovery:commit")
+        if core.closed:
+            return
+    ack = TurnCommitted(turn_id, cmd.client_turn_id, cmd.client_event_id)
+    yield from _settle_and_eou(core, ack)
+
+
+def typed(core: SessionCore, job: TypedJob) -> Procedure:
+    conv = core.conversation
+    job.turn_id = conv.new_turn_id()
+    if core.must_cancel:
+        yield from cancel_tail(core, "typed_input")
+        if core.closed:
+            return
+    frames = FrameAssembler(INPUT_FRAME_BYTES)
+    pcm_frames = frames.push(job.pcm)
+    tail = frames.pad()
+    if tail is not None:
+        pcm_frames.append(tail)
+    for i, pcm in enumerate(pcm_frames):
+        if i == 0:
+            # The commit point: emitted immediately before the first model mutation.
+            job.state = "mutated"
+            core.emit(TypedInjectionStarted(job.job_id))
+            conv.open_input_turn(job.turn_id, "typed", job.job_id, job.job_id)
+        result = yield Plan(PositionKind.TYPED, pcm)
+        conv.publish(core, result)
+    yield from _settle_and_eou(core, None)
+    if core.closed:
+        return
+    core.typed.finish(core, job, "completed")
+
+
+def stop(core: SessionCore) -> Procedure:
+    tail = core.microphone.final_tail()
+    if tail is not None and core.model_started:
+        result = yield Plan(PositionKind.FINAL, tail)
+        core.conversation.publish(core, result)
+        if core.closed:
+            return
+    elif not core.model_started and core.configured:
+        core.emit(AbortModel())
+    core.conversation.close_brackets("completed", "client_stop")
+    core.emit(SessionClosed("completed", "client_stop"))
+    core.close()
+
+
+# ================================================================ cancel, settlement, EOU
+
+def cancel_tail(core: SessionCore, reason: str) -> Procedure:
+    """Drive the model to quiet with output suppressed (agent EOS, then silent positions); close the open
+    response as cancelled.
+
+    The acoustic tail is bounded at ``cancel_tail_max_positions``; positions spent while the function channel
+    drains a call that was never published (its result is the ``cancelled_by_new_client_turn`` error) count
+    against the post-function recovery bound instead.
+    """
+    conv = core.conversation
+    response = conv.response
+    controls = PositionControls(agent_eos=True)
+    tail = drain = 0
+    while True:
+        result = yield Plan(PositionKind.CANCEL_TAIL, SILENT_INPUT_FRAME, controls)
+        controls = NO_CONTROLS
+        conv.publish(core, result, suppress=True)
+        if core.closed:
+            return
+        fn = result.function
+        busy = fn.busy or fn.post_fc_bos_pending
+        terminal = result.boundary.ended or result.boundary.phase.value in ("idle", "complete")
+        if not busy and terminal:
+            if conv.response is not None:
+                conv.close_response("cancelled", reason)
+            core.functions.pending_bos_turn = None  # an unpublished deferred-BOS cycle was interrupted
+            return
+        if busy:
+            drain += 1
+        else:
+            tail += 1
+        if tail >= core.config.cancel_tail_max_positions or drain >= core.config.function_recovery_max_frames:
+            break
+    core.fatal(
+        "response_cancel_timeout",
+        f"the model did not reach its acoustic terminal within {core.config.cancel_tail_max_positions} positions",
+        details={"response_id": response.response_id, "turn_id": response.turn_id} if response else {},
+    )
+
+
+def _settle_and_eou(core: SessionCore, ack: TurnCommitted | None, *, hold: bool = False) -> Procedure:
+    """Settle to the RNNT fence, then the explicit EOU: fused into the fence position without tools.
+
+    ``hold``: settle to the fence (the transcript is complete), close the turn and hold its EOU for
+    ``RespondNow`` (``CommitInput(respond=False)``)."""
+    conv = core.conversation
+    turn = conv.input_turn
+    assert turn is not None
+    fused = not hold and not (core.prompt and core.prompt.tools)
+    settlement = Settlement(fence=core.config.settlement_blank_frames, fused=fused, blank_count=conv.blank_count)
+    while not (not fused and settlement.fence_met):
+        controls = dataclasses.replace(settlement.next_controls(), pre_eou=True)
+        result = yield Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, controls)
+        outcome = settlement.on_result(result, controls)
+        if outcome.kind == "fatal":
+            if outcome.publish:
+                conv.publish(core, result)
+            core.fatal(
+                outcome.code,
+                outcome.message,
+                details={"settlement": outcome.details, "source": turn.source, "job_id": turn.job_id},
+            )
+            return
+        if outcome.kind == "fused_terminal":
+            conv.eou_turn_id = turn.turn_id
+            core.last_turn_outcome = "eou"
+            conv.publish(core, result, ack=ack, close_turn=True)
+            return
+        conv.publish(core, result)
+        if outcome.kind == "fence_reached":
+            break
+    # Separate EOU (tools): commit after settlement, then one EOU position so the function guard covers it.
+    if ack is not None:
+        core.emit(ack)
+    conv.close_input_turn()
+    if hold:
+        core.held_eou = turn
+        core.last_turn_outcome = "held"
+        return
+    yield from _eou_position(core, turn)
+
+
+def _eou_position(core: SessionCore, turn: InputTurn) -> Procedure:
+    """One explicit EOU position: agent BOS, or a function cycle whose BOS is deferred."""
+    conv = core.conversation
+    result = yield Plan(PositionKind.EOU, SILENT_INPUT_FRAME, PositionControls(eou_now=True))
+    conv.eou_turn_id = turn.turn_id
+    core.last_turn_outcome = "eou"
+    details = {"source": turn.source, "job_id": turn.job_id}
+    if result.agent.control is not AgentControl.AGENT_BOS:
+        if result.function.busy:
+            # The EOU position opened a function cycle: BOS is expected after its result (deferred BOS).
+            if core.functions.pending_bos_turn is not None:
+                core.fatal("overlapping_bos_expectation", "a deferred BOS is already pending", details=details)
                 return
-            core.fatal("missing_terminal_bos", "the EOU position produced neither agent BOS nor a function cycle",
-                       details=details)
+            core.functions.pending_bos_turn = turn.turn_id
+            conv.publish(core, result, eou_turn_id=turn.turn_id)
             return
-        failure = bos_contract_failure(result)
-        if failure is not None:
-            core.fatal("separate_eou_contract_failure", failure, details=details)
-            return
-        conv.publish(result, eou_turn_id=turn.turn_id)
+        core.fatal("missing_terminal_bos", "the EOU position produced neither agent BOS nor a function cycle",
+                   details=details)
+        return
+    failure = bos_contract_failure(result)
+    if failure is not None:
+        core.fatal("separate_eou_contract_failure", failure, details=details)
+        return
+    conv.publish(core, result, eou_turn_id=turn.turn_id)

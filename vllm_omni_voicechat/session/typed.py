@@ -4,16 +4,26 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from .commands import RequestTypedInput
-from .events import CancelSynthesis, Error, StartSynthesis, TypedAccepted, TypedInjectionFinished, TypedRejected
+from .events import (
+    CancelSynthesis,
+    Error,
+    Output,
+    StartSynthesis,
+    TypedAccepted,
+    TypedInjectionFinished,
+    TypedRejected,
+)
 from .work import InjectTyped
 
 if TYPE_CHECKING:
     from .core import SessionCore
+    from .microphone import Microphone
+    from .work import WorkQueue
     from .events import Disposition
 
 MAX_TYPED_TEXT_CHARS = 1000
@@ -75,11 +85,15 @@ class TypedJob:
 class TypedJobs:
     """The session's typed-job queue: the active job, the requests waiting behind it and every id used.
 
-    It emits through its core and queues the active job's injection on the core's work queue.
+    It emits through the core's output list and queues the active job's injection on the core's work queue; a
+    request is handed the core, whose state decides whether it is accepted.
     """
 
-    def __init__(self, core: SessionCore, *, max_waiting: int = MAX_QUEUED_TYPED_REQUESTS) -> None:
-        self._core = core
+    def __init__(self, emit: Callable[[Output], None], work: WorkQueue, microphone: Microphone, *,
+                 max_waiting: int = MAX_QUEUED_TYPED_REQUESTS) -> None:
+        self._emit = emit
+        self._work = work
+        self._microphone = microphone
         self.max_waiting = max_waiting
         self.job: TypedJob | None = None
         self.waiting: deque[RequestTypedInput] = deque()
@@ -91,8 +105,7 @@ class TypedJobs:
         history would make each request cost more than the last)."""
         return job_id in self.used or any(r.job_id == job_id for r in self.waiting)
 
-    def request(self, cmd: RequestTypedInput) -> None:
-        core = self._core
+    def request(self, core: SessionCore, cmd: RequestTypedInput) -> None:
         reason = rejection_reason(
             cmd.job_id,
             cmd.text,
@@ -103,15 +116,15 @@ class TypedJobs:
             used_job_ids=self,
         )
         if reason is not None:
-            core.emit(TypedRejected(cmd.job_id, reason))
+            self._emit(TypedRejected(cmd.job_id, reason))
             return
         job = self.job
         if job is not None and not job.started:
             # Replacement: cancel -> close -> start, before the old job touched the model.
-            self._withdraw(job, "replaced")
+            self._withdraw(core, job, "replaced")
         elif job is not None:
             if len(self.waiting) >= self.max_waiting:
-                core.emit(TypedRejected(cmd.job_id, "typed_input_unavailable"))
+                self._emit(TypedRejected(cmd.job_id, "typed_input_unavailable"))
                 return
             self.waiting.append(cmd)
             return
@@ -119,40 +132,38 @@ class TypedJobs:
 
     def _accept(self, cmd: RequestTypedInput) -> None:
         assert isinstance(cmd.job_id, str) and isinstance(cmd.text, str)
-        core = self._core
         job = TypedJob(cmd.job_id, cmd.text)
         self.used.add(job.job_id)
         self.job = job
-        core.microphone.drop_partial()
-        core.emit(TypedAccepted(job.job_id))
-        core.emit(StartSynthesis(job.job_id, job.text))
-        core.work.append(InjectTyped(job))
+        self._microphone.drop_partial()
+        self._emit(TypedAccepted(job.job_id))
+        self._emit(StartSynthesis(job.job_id, job.text))
+        self._work.append(InjectTyped(job))
 
-    def finish(self, job: TypedJob, disposition: Disposition) -> None:
+    def finish(self, core: SessionCore, job: TypedJob, disposition: Disposition) -> None:
         job.state = "done"
         if self.job is job:
             self.job = None  # readiness barrier: cleared before injection_finished is sent
-        self._core.emit(TypedInjectionFinished(job.job_id, disposition))
-        while self.job is None and self.waiting and not self._core.stopping:
-            self.request(self.waiting.popleft())
+        self._emit(TypedInjectionFinished(job.job_id, disposition))
+        while self.job is None and self.waiting and not core.stopping:
+            self.request(core, self.waiting.popleft())
 
-    def release(self, *, procedure_ends: bool) -> None:
+    def release(self, core: SessionCore, *, procedure_ends: bool) -> None:
         """Answer waiting requests and cancel an accepted job that has not touched the model.
 
         A job whose procedure already runs (its cancel tail) is left to it, unless that procedure ends too.
         """
-        core = self._core
         while self.waiting:
-            core.emit(TypedRejected(self.waiting.popleft().job_id, "typed_input_unavailable"))
+            self._emit(TypedRejected(self.waiting.popleft().job_id, "typed_input_unavailable"))
         job = self.job
         if job is not None and not job.mutated and (procedure_ends or not job.started):
-            self._withdraw(job, "cancelled")
+            self._withdraw(core, job, "cancelled")
 
-    def _withdraw(self, job: TypedJob, disposition: Disposition) -> None:
-        self._core.work.drop_job(job)
+    def _withdraw(self, core: SessionCore, job: TypedJob, disposition: Disposition) -> None:
+        self._work.drop_job(job)
         if job.state == "synthesizing":
-            self._core.emit(CancelSynthesis(job.job_id))
-        self.finish(job, disposition)
+            self._emit(CancelSynthesis(job.job_id))
+        self.finish(core, job, disposition)
 
     def synthesized(self, job_id: str, pcm16: bytes) -> bool:
         """The active job's audio is ready; False when it is not whole PCM16 samples (a failed synthesis)."""
@@ -165,10 +176,10 @@ class TypedJobs:
         job.state = "ready"
         return True
 
-    def synthesis_failed(self, job_id: str, error: BaseException) -> None:
+    def synthesis_failed(self, core: SessionCore, job_id: str, error: BaseException) -> None:
         job = self.job
         if job is None or job.job_id != job_id or job.mutated:
             return
-        self._core.work.drop_job(job)
-        self._core.emit(Error("typed_input_failed", f"typed input synthesis failed: {error}", False, job_id))
-        self.finish(job, "error")
+        self._work.drop_job(job)
+        self._emit(Error("typed_input_failed", f"typed input synthesis failed: {error}", False, job_id))
+        self.finish(core, job, "error")

@@ -125,6 +125,10 @@ def _size(message: str | bytes) -> int:
     return len(message)
 
 
+def _nowhere(output: Any) -> None:
+    """The sink of an ended shell."""
+
+
 class SessionShell:
     def __init__(
         self,
@@ -418,3 +422,7 @@ class SessionShell:
                 pass
         if self._own_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        # An ended shell hands nothing on: dropping the sink (its owner's bound method, typically) leaves no cycle
+        # between the shell and whoever holds it, so the ended session is freed by reference counting.
+        self._sink = _nowhere
+        self._sink_is_async = False
