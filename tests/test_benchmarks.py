@@ -74,6 +74,22 @@ def test_trickled_frame_smoke(tmp_path):
     assert proc.stdout.startswith("0.25 MiB text frame in 512-byte reads (513 reads):")
 
 
+def test_session_end_pause_smoke(tmp_path):
+    """Both policies on both dialects at smoke sizes; the former runs a full collection after the ends, the current
+    one none (sessions free themselves)."""
+    out = tmp_path / "pause.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "session_end_pause.py"), "--v3", "6", "--end", "3", "--tiered",
+                           "4", "--settle", "2.5", "--out", str(out)], check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["dialect"], r["policy"]) for r in rows] == [
+        ("v3", "collect after ends (former)"), ("v3", "free at the end (now)"),
+        ("tiered", "collect after ends (former)"), ("tiered", "free at the end (now)")]
+    assert [r["heap_collections"] >= 1 for r in rows] == [True, False, True, False]
+    assert all(r["full_collections"] == 0 and r["objects_collected"] == 0 for r in rows[1::2])
+
+
 def test_capacity_smoke(tmp_path):
     """Both dialects, one short trial each, the load generator in its own process: every figure the search and the
     closing note rely on is there and measured."""

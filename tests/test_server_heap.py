@@ -1,5 +1,6 @@
-"""server/heap.py: a session's end asks for a full collection: as soon as its handler has returned, or one interval
-after the last; one timer at a time, and nothing at all when the server does not own its process."""
+"""server/heap.py: an ended session frees itself, so by default a session's end asks for nothing; with
+``collect_after_ends`` (the former policy) it asks for a full collection as soon as its handler has returned, or one
+interval after the last, one timer at a time; nothing at all when the server does not own its process."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from vllm_omni_voicechat.server.heap import Heap
 
 def make() -> tuple[Heap, list[int]]:
     calls: list[int] = []
-    return Heap(managed=True, interval_s=2.0, collect=lambda: calls.append(1)), calls
+    return Heap(managed=True, interval_s=2.0, collect_after_ends=True, collect=lambda: calls.append(1)), calls
+
+
+def test_by_default_a_session_s_end_asks_for_no_collection():
+    calls: list[int] = []
+    heap = Heap(managed=True, interval_s=2.0, collect=lambda: calls.append(1))
+    assert [heap.session_ended(t) for t in (0.0, 0.1, 5.0)] == [None, None, None]
+    assert calls == [] and heap.collections == 0
 
 
 def test_the_first_end_collects_next_and_a_burst_shares_one_timer():
@@ -40,7 +48,7 @@ def test_an_end_an_interval_after_the_last_collection_collects_next():
 
 def test_an_unmanaged_heap_does_nothing():
     calls: list[int] = []
-    heap = Heap(managed=False, collect=lambda: calls.append(1))
+    heap = Heap(managed=False, collect_after_ends=True, collect=lambda: calls.append(1))
     heap.started(0.0)
     assert [heap.session_ended(t) for t in (0.0, 0.1, 5.0)] == [None, None, None]
     assert calls == [] and heap.collections == 0
@@ -78,7 +86,8 @@ def test_a_started_server_runs_full_collections_only_when_asked(own_heap):
 
 
 def test_the_backstop_collects_once_the_last_full_collection_is_old(own_heap):
-    heap = Heap(managed=True, interval_s=2.0, backstop_s=600.0, collect=lambda: calls.append(1))
+    heap = Heap(managed=True, interval_s=2.0, backstop_s=600.0, collect_after_ends=True,
+                collect=lambda: calls.append(1))
     calls: list[int] = []
     heap.started(100.0)
     assert heap.backstop(100.0) == 600.0 and calls == []

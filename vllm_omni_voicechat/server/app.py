@@ -86,7 +86,7 @@ class VoicechatServer:
         self.warmup: WarmupReport | None = None
         self.backpressure: deque[dict[str, Any]] = deque(maxlen=256)  # the last ended sessions (benchmarks, tests)
         self.usage = UsageBook(self.started_at)  # what every session did: /v1/usage, /v1/sessions, Prometheus
-        self.heap = Heap(managed=False)  # create_app's manage_heap: ended sessions' cycles collected soon
+        self.heap = Heap(managed=False)  # create_app's manage_heap: start-up frozen, full collections a backstop
         self.draining: dict[str, tuple[str, float]] = {}  # ended, slot freed, socket still closing: (dialect, since)
         # Prefill and abort of the inline-step models (threads start on first use; each session's calls in order)
         self.model_pool = concurrent.futures.ThreadPoolExecutor(MODEL_POOL_THREADS,
@@ -94,8 +94,8 @@ class VoicechatServer:
         prometheus.install(self)  # this process's /metrics (ours standalone, vLLM's inside vllm-omni serve)
 
     def _handler_done(self, slot: Slot, session_id: str) -> None:
-        """A session's handler has returned: its slot is free, its tally ended (a backstop: it ends once), and its
-        cycles go at the next full collection, soon (server/heap.py)."""
+        """A session's handler has returned: its slot is free and its tally ended (a backstop: it ends once). The
+        session frees itself; only the heap's former policy collects after it (server/heap.py)."""
         slot.release()
         self.usage.end(session_id, "disconnect", time.monotonic())
         delay = self.heap.session_ended(time.monotonic())
@@ -546,11 +546,12 @@ class VoicechatServer:
 
 
 def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], None] | None = None,
-               manage_heap: bool = False) -> Starlette:
+               manage_heap: bool = False, heap: Heap | None = None) -> Starlette:
     """The app; ``on_ready`` runs once the server has started (tests use it instead of polling). ``manage_heap``:
-    the process serves only this app (the CLI, the soak): see server/heap.py."""
+    the process serves only this app (the CLI, the soak): see server/heap.py; ``heap``: another policy for it (a
+    benchmark's baseline)."""
     server = VoicechatServer(config or ServerConfig.simulator())
-    server.heap = Heap(managed=manage_heap)
+    server.heap = heap or Heap(managed=manage_heap)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,18 +1,17 @@
 """The process heap, when the server owns its process (the CLI, the soak; not inside vllm-omni serve, where vLLM
-freezes its own): start-up's objects frozen out of the cycle collector's sight, and ended sessions collected soon.
+freezes its own): start-up's objects frozen out of the cycle collector's sight, and full collections only as a rare
+backstop.
 
-An ended session is a web of reference cycles (the core's parts point back at their core, bound methods at their
-owners, tasks at their frames), so reference counting never frees it; only a full collection does. The collector's
-own trigger counts net allocations, and a server that frees almost everything by reference counting reaches it
-rarely: in the 1-hour soak dead sessions piled up for 16 minutes before the first one. So a session's end asks for a
-full collection: as soon as its handler has returned, or once ``interval_s`` has passed since the last one (one timer
-at a time). With start-up frozen, a full collection walks only what live and dead sessions made (~2-4 ms at 8).
-
-A full collection stops the event loop for as long as it walks every live session's objects: ~0.2 ms a session
-(60-63 ms at 288 v3 sessions, measured), long enough to make positions late. The collector's own trigger (a quarter
-more long-lived objects than at the last full collection: every ~50 s at 288 steady sessions) is therefore off, and
-full collections run only when asked: at session ends as above, and as a backstop ``backstop_s`` after the last one
-for the stray cycles of a server whose sessions do not end (~50 objects/s measured). Young collections run as usual.
+An ended session is freed by reference counting at its handler's return (the core's parts never keep their core, an
+ended shell drops its sink, the outbox's callbacks and writer leave no cycle: ``tests/test_session_freed.py`` runs
+sessions with the collector off), so nothing has to be collected when sessions end. A full collection stops the
+event loop for as long as it walks every live session's objects (~0.1-0.2 ms a session: 26-63 ms at ~300 v3
+sessions, 78 ms when it ran after 224 tiered sessions ended together), long enough to make positions late. The
+collector's own trigger for full collections (a quarter more long-lived objects than at the last one) is therefore
+off, young collections run as usual, and a full collection runs only as a backstop ``backstop_s`` after the last one,
+for cycles made elsewhere (a library's, a test's). ``collect_after_ends`` brings back the former policy, a full
+collection soon after each session's end (at most one every ``interval_s``): ``benchmarks/session_end_pause.py``
+compares the two.
 """
 
 from __future__ import annotations
@@ -28,8 +27,10 @@ NO_AUTOMATIC_FULL = 1 << 30
 
 class Heap:
     def __init__(self, *, managed: bool, interval_s: float = DEFAULT_INTERVAL_S,
-                 backstop_s: float = DEFAULT_BACKSTOP_S, collect: Callable[[], object] = gc.collect) -> None:
+                 backstop_s: float = DEFAULT_BACKSTOP_S, collect_after_ends: bool = False,
+                 collect: Callable[[], object] = gc.collect) -> None:
         self.managed = managed
+        self.collect_after_ends = collect_after_ends
         self.interval_s = interval_s
         self.backstop_s = backstop_s
         self.collections = 0
@@ -53,8 +54,9 @@ class Heap:
     def session_ended(self, now: float) -> float | None:
         """The delay after which :meth:`collect_due` should run: none left when the last collection is an interval
         old (the edge still runs it from the loop, once the ended session's handler has returned and dropped its
-        references), the rest of the interval otherwise; None when nothing is to be done or a timer is set."""
-        if not self.managed or self._pending:
+        references), the rest of the interval otherwise; None when nothing is to be done (the default: an ended
+        session frees itself) or a timer is set."""
+        if not self.managed or not self.collect_after_ends or self._pending:
             return None
         self._pending = True
         return 0.0 if self._last is None else max(0.0, self._last + self.interval_s - now)

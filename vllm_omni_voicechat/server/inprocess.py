@@ -10,6 +10,7 @@ from typing import Any
 
 from .app import create_app
 from .config import ServerConfig
+from .heap import Heap
 from .uvicorn import VoicechatUvicornServer, uvicorn_config
 
 
@@ -19,7 +20,7 @@ class InProcessServer:
     ``loop`` the server's event loop. A context manager; :meth:`stop` stops and joins it."""
 
     def __init__(self, config: ServerConfig, *, start_timeout_s: float = 30.0, manage_heap: bool = False,
-                 **uvicorn_kwargs: Any) -> None:
+                 heap: Heap | None = None, **uvicorn_kwargs: Any) -> None:
         ready = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -27,7 +28,7 @@ class InProcessServer:
             self.loop = asyncio.get_running_loop()
             ready.set()
 
-        self.app = create_app(config, on_ready=on_ready, manage_heap=manage_heap)
+        self.app = create_app(config, on_ready=on_ready, manage_heap=manage_heap, heap=heap)
         self.voicechat = self.app.state.voicechat
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
