@@ -96,13 +96,17 @@ def test_v3_socket_survives_generated_frames_then_serves_a_turn(server, seed):
     assert c.close_code() == 1000
 
 
-def test_v3_deep_nesting_is_invalid_json_not_a_dropped_session(server):
+def test_v3_deep_nesting_is_a_recoverable_error_not_a_dropped_session(server):
     """Regression: 100,000 nested brackets raised RecursionError out of V3Session.receive (the session died
-    silently); now it is the recoverable invalid_json."""
+    silently); now they are refused undecoded (more containers than the limit), and nesting within the limit but
+    deeper than the decoder goes is the recoverable invalid_json."""
     url, _ = server
     c = RawClient(url + "/v1/voicechat", timeout=20)
     assert c.recv()["type"] == "session.created"
     send(c, "[" * 100_000 + "]" * 100_000)
+    err = c.recv()
+    assert err["type"] == "error" and err["error"]["code"] == "event_too_large" and err["error"]["fatal"] is False
+    send(c, "[" * 10_000 + "]" * 10_000)
     err = c.recv()
     assert err["type"] == "error" and err["error"]["code"] == "invalid_json" and err["error"]["fatal"] is False
     send(c, '{"type": "\\ud800", "event_id": "\\udfff"}')  # echoes a lone surrogate: still valid UTF-8 out

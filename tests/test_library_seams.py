@@ -74,3 +74,15 @@ def test_websockets_sans_io_keeps_the_parts_we_use():
     assert conn.state is State.CONNECTING
     assert apply_mask(b"\x01\x02\x03\x04\x05", b"\x01\x01\x01\x01") == b"\x00\x03\x02\x05\x04"
     assert websockets.version.version and uvicorn.__version__
+
+
+def test_websockets_reads_the_message_limit_per_frame():
+    """``limit_messages`` lowers ``max_message_size`` after the handshake: websockets' parser reads it for each frame,
+    so the next frame over it is refused (close 1009) from its header alone."""
+    from websockets.protocol import Side
+
+    conn = Protocol(Side.SERVER, state=State.OPEN, max_size=1 << 20)
+    conn.max_message_size = 10
+    conn.receive_data(bytes((0x81, 0x80 | 20)) + b"\0\0\0\0")  # a masked text header announcing 20 bytes, no payload
+    sent = b"".join(conn.data_to_send())
+    assert sent[:1] == b"\x88" and sent[2:4] == (1009).to_bytes(2, "big")

@@ -204,7 +204,8 @@ def test_transport_errors() -> None:
     err("{not json", "invalid_json")
     err("", "invalid_json")
     err('{"type":"playback.ack","played_ms":NaN}', "invalid_json")
-    err("[" * 100_000, "invalid_json")
+    err("[" * 100_000, "event_too_large")  # more containers than MAX_JSON_CONTAINERS: refused undecoded
+    err("[" * 10_000 + "]" * 10_000, "invalid_json")  # within the count, deeper than the decoder goes
     for value in ("[1]", "1", '"x"', "null", "true"):
         err(value, "bad_event")
     err({"event_id": "e9"}, "bad_event", param="type", event_id="e9")

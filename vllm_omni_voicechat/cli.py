@@ -13,6 +13,7 @@ import sys
 
 from .runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
 from .session.settlement import DEFAULT_FENCE
+from .wire.limits import TIERED_MAX_MESSAGE_BYTES, V3_MAX_MESSAGE_BYTES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tiered connections that may wait for a slot when all are taken (0: answer busy at once)")
     serve.add_argument("--admission-timeout-s", type=float, default=30.0, metavar="T",
                        help="how long a queued connection may wait before the busy answer")
+    serve.add_argument("--v3-max-message-bytes", type=int, default=V3_MAX_MESSAGE_BYTES, metavar="N",
+                       help="the largest v3 client message; a larger one closes the socket with 1009 (default 1 MiB)")
+    serve.add_argument("--tiered-max-message-bytes", type=int, default=TIERED_MAX_MESSAGE_BYTES, metavar="N",
+                       help="the largest tiered client message; a larger one closes the socket with 1009 (default "
+                            "16 MiB; over 15 MiB the dialect answers event_too_large)")
     serve.add_argument("--warmup-positions", type=int, default=0, help="silent positions run before admitting clients")
     serve.add_argument("--log-level", default="info")
     from .client import talk
@@ -119,13 +125,17 @@ def main(argv: list[str] | None = None) -> int:
             admission_queue=args.admission_queue,
             admission_timeout_s=args.admission_timeout_s,
             api_keys=api_keys(args.api_key),
+            v3_max_message_bytes=args.v3_max_message_bytes,
+            tiered_max_message_bytes=args.tiered_max_message_bytes,
         )
         from .server.uvicorn import VoicechatUvicornServer, uvicorn_config
 
         app = create_app(config, manage_heap=True)
         VoicechatUvicornServer(
             uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
-                           ws_per_message_deflate=args.ws_compression), app.state.voicechat
+                           ws_per_message_deflate=args.ws_compression,
+                           ws_max_size=max(args.v3_max_message_bytes, args.tiered_max_message_bytes)),
+            app.state.voicechat
         ).run()
     return 0
 

@@ -52,7 +52,7 @@ from .heap import Heap
 from .outbox import Outbox
 from .page import page_routes
 from .reader import read_socket
-from .uvicorn import VoicechatUvicornServer
+from .uvicorn import VoicechatUvicornServer, limit_messages
 from .warmup import WarmupReport, warm_up
 
 log = logging.getLogger("vllm_omni_voicechat.server")
@@ -235,6 +235,7 @@ class VoicechatServer:
     async def v3(self, websocket: WebSocket) -> None:
         tap_socket(websocket, self.config.trace_factory, "v3")  # tests: every frame through the trace checker
         await websocket.accept(subprotocol=safe_subprotocol(websocket.scope.get("subprotocols") or ()))
+        limit_messages(websocket, self.config.v3_max_message_bytes)
         slot = self.admission.try_acquire()
         if slot is None:
             self.usage.reject("v3", "busy")
@@ -272,6 +273,7 @@ class VoicechatServer:
             return
         tap_socket(websocket, self.config.trace_factory, "tiered-openai" if route.lane == "openai" else "tiered")
         await websocket.accept(subprotocol=safe_subprotocol(websocket.scope.get("subprotocols") or ()))
+        limit_messages(websocket, self.config.tiered_max_message_bytes)
         if route.dialect == "duplex_off":
             await self._answer(websocket, duplex_off_answer_text(), 1000, "unsupported")
             return
@@ -362,9 +364,12 @@ class VoicechatServer:
             if not await self._send_queue_event(websocket, "session.queued", ticket.position):
                 return None, None
             told = ticket.position
+            held_bytes = 0
             while ticket.slot is None:
-                if reader is None and len(held) < self.config.max_inbox_messages:
-                    # A disconnect must end the wait at once; with the pump full nothing more is read (TCP backpressure)
+                if (reader is None and len(held) < self.config.max_inbox_messages
+                        and held_bytes < self.config.max_inbox_bytes):
+                    # A disconnect must end the wait at once; with the pump full (the inbox's bounds: messages and
+                    # bytes) nothing more is read (TCP backpressure)
                     reader = asyncio.ensure_future(websocket.receive())
                 waiter = asyncio.ensure_future(changed.wait())
                 done, _ = await asyncio.wait({w for w in (reader, waiter) if w is not None},
@@ -379,6 +384,7 @@ class VoicechatServer:
                     data = message.get("text") if message.get("text") is not None else message.get("bytes")
                     if data is not None:
                         held.append(data)
+                        held_bytes += len(data)
                 if ticket.slot is None and not done:
                     return None, "queue_timeout"
                 if ticket.slot is None and ticket.position != told:
@@ -429,7 +435,8 @@ class VoicechatServer:
         The session's ``slot`` is freed once the session has ended and its model is released, before its socket's
         close handshake: a client that has seen the close can open its next session at once."""
         cfg = self.config
-        att = Attachment(protocol, cfg, fail_on_overflow=dialect == "v3")
+        att = Attachment(protocol, cfg, fail_on_overflow=dialect == "v3",
+                         max_message_bytes=cfg.v3_max_message_bytes if dialect == "v3" else cfg.tiered_max_message_bytes)
         first_outbox = att.attach(websocket)
         for item in protocol.start(time.monotonic()):
             att.sink(item)

@@ -22,10 +22,14 @@ from .outbox import Outbox
 
 
 class Attachment:
-    def __init__(self, protocol: Any, config: ServerConfig, *, fail_on_overflow: bool = False) -> None:
+    def __init__(self, protocol: Any, config: ServerConfig, *, fail_on_overflow: bool = False,
+                 max_message_bytes: int | None = None) -> None:
         self.protocol = protocol
         self.config = config
         self.fail_on_overflow = fail_on_overflow
+        self.max_message_bytes = max_message_bytes
+        """The dialect's largest client message, for sockets our protocol does not serve (it refuses larger ones
+        itself, before buffering them): a larger one closes the socket with 1009."""
         self.shell: SessionShell | None = None
         self.socket: WebSocket | None = None
         self.outbox: Outbox | None = None

@@ -15,6 +15,7 @@ from ..session.settlement import DEFAULT_FENCE
 from ..sim.model import SimBehaviour, SimulatorModel
 from ..synth.port import Synthesizer
 from ..synth.simulated import SimulatorSynthesizer
+from ..wire.limits import TIERED_MAX_MESSAGE_BYTES, V3_MAX_MESSAGE_BYTES
 from ..wire.tiered import journal
 from ..wire.tiered.schema import DISCONNECT_GRACE_S, HANDSHAKE_TIMEOUT_S
 from ..wire.v3.schema import RECEIVE_QUEUE_MESSAGES
@@ -53,6 +54,11 @@ class ServerConfig:
     none; real model homes do (first-position compilation and allocation)."""
     journal_max_bytes: int = journal.DEFAULT_MAX_BYTES
     journal_ttl_s: float = journal.DEFAULT_TTL_S
+    # Input limits (docs/reliability.md, "Input limits").
+    v3_max_message_bytes: int = V3_MAX_MESSAGE_BYTES
+    """The largest v3 client message (1 MiB): a larger one closes the socket with 1009 before it is buffered."""
+    tiered_max_message_bytes: int = TIERED_MAX_MESSAGE_BYTES
+    """The largest tiered client message (16 MiB; the dialect answers one over 15 MiB with ``event_too_large``)."""
     # Backpressure bounds, per socket (docs/reliability.md, "Backpressure"). Only sizes trip them, never time: a
     # slow consumer must not trip a transport timer (v3 contract §1).
     max_outbound_bytes: int = 8 << 20

@@ -18,6 +18,7 @@ from collections import deque
 from starlette.websockets import WebSocket
 
 from ..trace.tap import traced
+from ..wire.limits import utf8_exceeds
 from .attachment import Attachment
 from .uvicorn import AbortableWebSockets, protocol_for
 
@@ -51,6 +52,11 @@ async def _take_asgi(att: Attachment, websocket: WebSocket) -> bool:
     if att.socket is not websocket or att.shell is None:
         return False  # replaced by a resumed socket
     data = message.get("text") if message.get("text") is not None else message.get("bytes")
+    limit = att.max_message_bytes
+    if data is not None and limit is not None and utf8_exceeds(data, limit):
+        with contextlib.suppress(Exception):
+            await websocket.close(1009, "message too big")  # what websockets does under our protocol
+        return False
     if data is not None:
         await att.shell.offer(data)
     return True

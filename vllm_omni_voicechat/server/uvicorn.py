@@ -142,6 +142,14 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
             self._frames = bytearray(data[pos:])
         self._needed = needed if pos < n else 2
 
+    def limit_messages(self, max_bytes: int) -> None:
+        """Take no client message over ``max_bytes`` (only ever lowers the limit): a larger frame is refused while
+        its header arrives, before it is buffered, and websockets closes with 1009."""
+        conn = self.conn
+        if conn.max_message_size is None or max_bytes < conn.max_message_size:
+            conn.max_message_size = max_bytes
+        self._frame_limit = _frame_limit(conn)  # what our framing hands to websockets to refuse
+
     def _hand_over(self, view: memoryview, pos: int) -> None:
         """From the frame at ``pos`` on, websockets reads everything (its parser waits at that frame's start)."""
         self._frames = None
@@ -216,6 +224,16 @@ def protocol_for(websocket: Any) -> AbortableWebSockets | None:
     scope = websocket.scope
     key = _key(scope.get("client"), scope.get("server"))
     return _PROTOCOLS.get(key) if key is not None else None
+
+
+def limit_messages(websocket: Any, max_bytes: int) -> bool:
+    """Lower the largest client message a Starlette WebSocket takes, where our protocol serves it (False elsewhere:
+    the host checks each message it is handed instead)."""
+    protocol = protocol_for(websocket)
+    if protocol is None:
+        return False
+    protocol.limit_messages(max_bytes)
+    return True
 
 
 def transport_for(websocket: Any) -> Any:

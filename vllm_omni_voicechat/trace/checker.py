@@ -35,7 +35,18 @@ from collections import deque
 from typing import Any, Literal
 
 from ..wire.tiered.session_events import QUEUE_EVENTS
-from .rejections import BINARY, INVALID, Owed, echo_key, expected_text, is_int, predict_tiered, predict_v3
+from .rejections import (
+    BINARY,
+    INVALID,
+    MAX_JSON_CONTAINERS,
+    TOO_COMPLEX,
+    Owed,
+    echo_key,
+    expected_text,
+    is_int,
+    predict_tiered,
+    predict_v3,
+)
 
 Dialect = Literal["v3", "tiered", "tiered-openai"]
 
@@ -193,10 +204,14 @@ class TraceChecker:
             obj, raw = message, None
         else:
             raw = message
-            try:
-                obj = json.loads(message, parse_constant=_no_constant) if self.dialect == "tiered" else json.loads(message)
-            except (ValueError, RecursionError):
-                obj = INVALID
+            if len(message) > MAX_JSON_CONTAINERS and message.count("{") + message.count("[") > MAX_JSON_CONTAINERS:
+                obj = TOO_COMPLEX  # refused undecoded (not decoded here either: a bomb would stall the test)
+            else:
+                try:
+                    obj = (json.loads(message, parse_constant=_no_constant) if self.dialect == "tiered"
+                           else json.loads(message))
+                except (ValueError, RecursionError):
+                    obj = INVALID
         if self.dialect == "tiered" and index == 0 and isinstance(obj, dict) and obj.get("type") == "session.resume":
             cursor = obj.get("last_received_server_event_seq", 0)
             self._resumed = True
@@ -593,6 +608,8 @@ def _describe(obj: Any, raw: Any) -> str:
         return f"<binary {len(raw)} B>"
     if obj is INVALID:
         return "<invalid json>"
+    if obj is TOO_COMPLEX:
+        return f"<too complex {len(raw)} chars>"
     if not isinstance(obj, dict):
         return f"<{type(obj).__name__}>"
     return f"{str(obj.get('type'))[:60]} id={str(obj.get('event_id'))[:40]}"

@@ -12,6 +12,7 @@ from typing import Any
 MAX_V3_APPEND_BYTES = 40_960  # contract §4 rule 7
 TIERED_MAX_FRAME_BYTES = 15 * 1024 * 1024
 MAX_ECHOED_ID_CHARS = 256  # a longer event_id is not echoed (tiered: the event is refused as bad_event)
+MAX_JSON_CONTAINERS = 10_000  # more opening brackets than this: refused undecoded as event_too_large
 
 V3_CLIENT_TYPES = frozenset(
     {"session.update", "input_audio_buffer.append", "input_audio_buffer.turn_start", "input_audio_buffer.commit",
@@ -34,6 +35,7 @@ _V3_APPEND_CODES = frozenset(
 # A client frame that is not a JSON object's text.
 INVALID = object()
 BINARY = object()
+TOO_COMPLEX = object()
 
 
 def echo_key(value: Any) -> str:
@@ -68,6 +70,8 @@ def predict_v3(index: int, obj: Any, barriers: dict[tuple[str, str, int], int],
     ``session.stop`` (``stops``)."""
     if obj is BINARY:
         return Owed(index, "<binary>", frozenset({"binary_audio_unsupported"}), None)
+    if obj is TOO_COMPLEX:
+        return Owed(index, "<too complex>", frozenset({"event_too_large"}), None)
     if obj is INVALID:
         return Owed(index, "<invalid json>", frozenset({"invalid_json"}), None)
     if not isinstance(obj, dict):
@@ -115,6 +119,8 @@ def predict_tiered(index: int, obj: Any, raw: Any, stops: list[int]) -> Owed | N
         return Owed(index, "<binary>", frozenset({code}), None)
     if isinstance(raw, str) and len(raw.encode("utf-8", "surrogatepass")) > TIERED_MAX_FRAME_BYTES:
         return Owed(index, "<too large>", frozenset({"event_too_large"}), None)
+    if obj is TOO_COMPLEX:
+        return Owed(index, "<too complex>", frozenset({"event_too_large"}), None)
     if obj is INVALID:
         return Owed(index, "<invalid json>", frozenset({"invalid_json"}), None)
     if not isinstance(obj, dict):

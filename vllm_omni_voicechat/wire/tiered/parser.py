@@ -21,8 +21,9 @@ from typing import Any, ClassVar, Mapping
 
 import pybase64
 
-from .audio import AudioFormatError, check_sample_rate
+from ..limits import MAX_JSON_CONTAINERS, too_many_containers, utf8_exceeds
 from ..transport import MAX_ECHOED_ID_CHARS
+from .audio import AudioFormatError, check_sample_rate
 from .fields import FieldRejected, format_and_rate, is_number
 
 MAX_FRAME_BYTES = 15 * 1024 * 1024  # §2: frame > 15 MiB → event_too_large
@@ -601,16 +602,6 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant)
 """Built once: ``json.loads`` with a keyword builds a decoder per call (~3 us a frame)."""
 
 
-def _frame_too_large(text: str | bytes) -> bool:
-    if isinstance(text, (bytes, bytearray, memoryview)):
-        return len(text) > MAX_FRAME_BYTES
-    if len(text) > MAX_FRAME_BYTES:  # every character is at least one UTF-8 byte
-        return True
-    if len(text) * 4 <= MAX_FRAME_BYTES:  # at most four bytes each
-        return False
-    return len(text.encode("utf-8", "surrogatepass")) > MAX_FRAME_BYTES
-
-
 def parse(text: str | bytes) -> ClientEvent | ParseError:
     """One client frame → a ``ClientEvent`` or a ``ParseError``; never raises. ``bytes`` is a binary frame."""
     try:
@@ -620,10 +611,12 @@ def parse(text: str | bytes) -> ClientEvent | ParseError:
 
 
 def _parse(text: str | bytes) -> ClientEvent | ParseError:
-    if _frame_too_large(text):
+    if utf8_exceeds(text, MAX_FRAME_BYTES):
         return ParseError("event_too_large", f"event exceeds {MAX_FRAME_BYTES} bytes")
     if not isinstance(text, str):
         return ParseError("bad_event", "binary frames are not accepted; send JSON text")
+    if too_many_containers(text):
+        return ParseError("event_too_large", f"event has more than {MAX_JSON_CONTAINERS} JSON objects and arrays")
     try:
         obj = _DECODER.decode(text)
     except (ValueError, RecursionError):

@@ -27,6 +27,7 @@ from ...session.commands import (
 )
 from ...session.core import SessionCore, Tick
 from ...session.tools import InvalidTools, normalize_tools
+from ..limits import MAX_JSON_CONTAINERS, too_many_containers
 from ..transport import (
     MAX_ECHOED_ID_CHARS,
     CloseTransport,
@@ -171,6 +172,9 @@ class V3Session:
         self._wire_bytes = len(message) if isinstance(message, bytes) or message.isascii() else len(message.encode())
         if isinstance(message, (bytes, bytearray)):
             return [self._error("binary_audio_unsupported", "binary frames are not supported; send JSON text")]
+        if too_many_containers(message):
+            return [self._error("event_too_large", f"more than {MAX_JSON_CONTAINERS} JSON objects and arrays; "
+                                "event refused", max_json_containers=MAX_JSON_CONTAINERS)]
         try:
             msg = json.loads(message)
         except (ValueError, RecursionError) as exc:  # RecursionError: hostile nesting depth

@@ -1,0 +1,173 @@
+"""Input limits at the transport and before parsing, both dialects, on a real server: a message over its dialect's
+size is refused while its header arrives (close 1009, nothing buffered), where our protocol serves and where it does
+not; a message with too many JSON objects and arrays is refused undecoded with a typed recoverable error."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import struct
+from urllib.parse import urlsplit
+
+from vllm_omni_voicechat.server import ServerConfig
+from vllm_omni_voicechat.server.inprocess import InProcessServer
+from vllm_omni_voicechat.wire.limits import MAX_JSON_CONTAINERS, TIERED_MAX_MESSAGE_BYTES, V3_MAX_MESSAGE_BYTES
+
+from .server_fixture import RawClient, running_app
+
+V3_UPDATE = {"type": "session.update", "event_id": "u1", "session": {"protocol_version": 3, "instructions": "Be brief."}}
+
+
+class RawSocket:
+    """A WebSocket client on a bare socket: sends any frame header (or none of its payload)."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                          .encode())
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += self._exact(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def _exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return buf
+
+    def send_header(self, length: int) -> None:
+        """A masked text frame's header announcing ``length`` bytes, and no payload."""
+        self.sock.sendall(struct.pack("!BBQ", 0x81, 0x80 | 127, length) + os.urandom(4))
+
+    def recv(self) -> tuple[int, bytes]:
+        b0, b1 = self._exact(2)
+        n = b1 & 0x7F
+        if n == 126:
+            n = struct.unpack("!H", self._exact(2))[0]
+        elif n == 127:
+            n = struct.unpack("!Q", self._exact(8))[0]
+        return b0 & 0x0F, self._exact(n)
+
+    def close_code(self) -> int:
+        """Receive until the close frame; its code."""
+        while True:
+            opcode, payload = self.recv()
+            if opcode == 8:
+                return struct.unpack("!H", payload[:2])[0]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def padded(event: dict, size: int) -> str:
+    """``event`` with a ``pad`` field making it exactly ``size`` bytes of JSON."""
+    bare = json.dumps({**event, "pad": ""})
+    return json.dumps({**event, "pad": "x" * (size - len(bare))})
+
+
+def bomb(containers: int) -> str:
+    return json.dumps({"type": "bogus.event", "event_id": "bomb", "a": [[] for _ in range(containers - 2)]})
+
+
+# ---------------------------------------------------------------------------------------------------- size
+
+
+def test_v3_message_over_its_size_is_refused_at_its_header_with_1009_and_frees_the_slot():
+    with running_app(ServerConfig(max_sessions=1)) as (url, app):
+        raw = RawSocket(url + "/v1/voicechat")
+        opcode, payload = raw.recv()
+        assert opcode == 1 and json.loads(payload)["type"] == "session.created"
+        raw.send_header(V3_MAX_MESSAGE_BYTES + 1)  # the payload never comes: refused before it is buffered
+        assert raw.close_code() == 1009
+        raw.close()
+        c = RawClient(url + "/v1/voicechat")  # the one slot is free again
+        assert c.recv()["type"] == "session.created"
+        c.close()
+
+
+def test_v3_message_of_exactly_its_size_is_taken():
+    with running_app(ServerConfig()) as (url, _):
+        c = RawClient(url + "/v1/voicechat")
+        c.recv_type("session.created")
+        c.send(padded({"type": "bogus.event", "event_id": "big"}, V3_MAX_MESSAGE_BYTES))
+        error = c.recv_type("error")["error"]
+        assert (error["code"], error["client_event_id"], error["fatal"]) == ("unsupported_event", "big", False)
+        c.send(V3_UPDATE)
+        c.recv_type("session.updated")
+        c.close()
+
+
+def test_v3_message_over_its_size_closes_with_1009_where_our_protocol_does_not_serve():
+    """Under another uvicorn protocol (vLLM-Omni's server) the whole message arrives; the host refuses it."""
+    with InProcessServer(ServerConfig(max_sessions=1), ws="websockets-sansio") as server:
+        c = RawClient(server.url + "/v1/voicechat")
+        c.recv_type("session.created")
+        c.send(padded({"type": "bogus.event", "event_id": "big"}, V3_MAX_MESSAGE_BYTES + 1))
+        assert c.close_code() == 1009
+        c2 = RawClient(server.url + "/v1/voicechat")
+        assert c2.recv()["type"] == "session.created"
+        c2.close()
+
+
+def test_tiered_message_over_its_size_is_refused_at_its_header_with_1009():
+    with running_app(ServerConfig()) as (url, _):
+        raw = RawSocket(url + "/v1/duplex?autostart=1")
+        raw.send_header(TIERED_MAX_MESSAGE_BYTES + 1)
+        assert raw.close_code() == 1009
+        raw.close()
+
+
+def test_tiered_message_over_15_mib_gets_event_too_large_and_the_session_goes_on():
+    with running_app(ServerConfig()) as (url, _):
+        c = RawClient(url + "/v1/duplex")
+        c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+        c.recv_type("session.updated")
+        c.send(padded({"type": "session.update"}, 15 * 1024 * 1024 + 1))
+        error = c.recv_type("error")["error"]
+        assert error["code"] == "event_too_large" and error["type"] == "invalid_request_error"
+        c.send({"type": "session.update", "event_id": "after", "session": {"instructions": "Be brief."}})
+        assert c.recv_type("session.updated")["event_id"] != "after"  # a server event id; the session answers
+        c.close()
+
+
+# ---------------------------------------------------------------------------------------------------- complexity
+
+
+def test_v3_json_with_too_many_containers_is_refused_undecoded_and_the_session_goes_on():
+    with running_app(ServerConfig()) as (url, _):
+        c = RawClient(url + "/v1/voicechat")
+        c.recv_type("session.created")
+        c.send(bomb(MAX_JSON_CONTAINERS + 1))
+        error = c.recv_type("error")["error"]
+        assert error == {"code": "event_too_large", "fatal": False,
+                         "message": f"more than {MAX_JSON_CONTAINERS} JSON objects and arrays; event refused",
+                         "max_json_containers": MAX_JSON_CONTAINERS}
+        c.send(bomb(MAX_JSON_CONTAINERS))  # at the limit: decoded, and answered as what it is
+        error = c.recv_type("error")["error"]
+        assert (error["code"], error["client_event_id"]) == ("unsupported_event", "bomb")
+        c.send(V3_UPDATE)
+        c.recv_type("session.updated")
+        c.close()
+
+
+def test_tiered_json_with_too_many_containers_is_refused_undecoded_and_the_session_goes_on():
+    with running_app(ServerConfig()) as (url, _):
+        c = RawClient(url + "/v1/duplex")
+        c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+        c.recv_type("session.updated")
+        c.send(bomb(MAX_JSON_CONTAINERS + 1))
+        error = c.recv_type("error")["error"]
+        assert error["code"] == "event_too_large" and error["type"] == "invalid_request_error"
+        assert error["message"] == f"event has more than {MAX_JSON_CONTAINERS} JSON objects and arrays"
+        c.send(bomb(MAX_JSON_CONTAINERS))
+        assert c.recv_type("error")["error"]["code"] == "unknown_event"
+        c.close()

@@ -1,0 +1,38 @@
+"""What one client message may be, checked before it is parsed (docs/reliability.md, "Input limits").
+
+The transport refuses a message over its dialect's size while its header arrives, before the frame is buffered
+whole (close 1009; our uvicorn protocol, ``server/uvicorn.py``; elsewhere the host checks the message it was handed).
+A message within the size is counted before it is decoded: the decoder's cost grows with the objects and arrays it
+builds (a 6 MB frame of empty lists takes ~0.6 s to decode), while counting their opening brackets costs ~1 ms a MB
+(measured on the 2-core VM).
+"""
+
+from __future__ import annotations
+
+V3_MAX_MESSAGE_BYTES = 1 << 20
+"""A v3 client message: websockets' own default, the reference server's. The contract's largest messages are an
+append (40,960 decoded bytes: ~55 KB of JSON) and ``session.update`` with its tools; the deferred FIFO is 1 MiB."""
+
+TIERED_MAX_MESSAGE_BYTES = 16 << 20
+"""A tiered client message: uvicorn's default. The dialect answers a frame over 15 MiB (OpenAI's event limit) with
+``event_too_large``, so the transport must take a little more than that."""
+
+MAX_JSON_CONTAINERS = 10_000
+"""Objects and arrays in one client message, counted as opening brackets (those inside strings count too: an upper
+bound). 128 tools with nested schemas are ~3,000; an audio append has 1-2."""
+
+
+def utf8_exceeds(data: str | bytes | bytearray | memoryview, limit: int) -> bool:
+    """Whether ``data`` is more than ``limit`` bytes in UTF-8 (encoding only when the length cannot tell)."""
+    if not isinstance(data, str):
+        return len(data) > limit
+    if len(data) > limit:  # every character is at least one byte
+        return True
+    if len(data) * 4 <= limit:  # and at most four
+        return False
+    return len(data.encode("utf-8", "surrogatepass")) > limit
+
+
+def too_many_containers(text: str) -> bool:
+    """More than :data:`MAX_JSON_CONTAINERS` objects and arrays (an upper bound; no decoding)."""
+    return len(text) > MAX_JSON_CONTAINERS and text.count("{") + text.count("[") > MAX_JSON_CONTAINERS
