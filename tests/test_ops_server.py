@@ -156,3 +156,53 @@ def test_a_client_s_close_reason_is_echoed_but_counted_as_client_close(caplog):
         _, metrics = get(url, "/metrics")
         assert b"7f3a" not in metrics and b'reason="client_close"' in metrics
     assert not [r for r in caplog.records if "7f3a" in r.getMessage()]
+
+
+def _series(body: bytes) -> set[str]:
+    """The series of a Prometheus text exposition: each sample's name and labels, without its value."""
+    return {line.rsplit(" ", 1)[0] for line in body.decode().splitlines() if line and not line.startswith("#")}
+
+
+def _key_paths(value: object, prefix: str = "") -> set[str]:
+    """Every key path of nested JSON objects (lists are left out: their length is their own bound)."""
+    if not isinstance(value, dict):
+        return set()
+    return {p for k, v in value.items() for p in ({f"{prefix}/{k}"} | _key_paths(v, f"{prefix}/{k}"))}
+
+
+def _hostile_round(url: str, k: int) -> None:
+    """Sessions of both dialects full of strings no server chose: event ids, event types, a model name, a close
+    reason, all unique to round ``k``."""
+    t = RawClient(url + f"/v1/duplex?model=model-{k}-\"x\"")
+    t.send({"type": "session.update", "event_id": f"u-{k}", "session": {}})
+    t.recv_type("session.created")
+    t.send({"type": f"bogus.{k}", "event_id": f"e-{k}"})
+    t.recv_type("error")
+    t.send({"type": "session.close", "reason": f"reason {k}\n\"quoted\""})
+    t.recv_type("session.closed")
+    assert t.close_code() == 1000
+    v = RawClient(url + "/v1/voicechat")
+    v.recv_type("session.created")
+    v.send({"type": f"bogus.{k}", "event_id": f"e-{k}"})
+    v.recv_type("error")
+    v.send({"type": "session.stop", "event_id": f"stop-{k}"})
+    assert v.close_code() == 1000
+
+
+def test_metrics_series_do_not_grow_with_what_clients_send():
+    """Label values come only from the server's own vocabularies: rounds of sessions with unique client strings
+    leave the set of /metrics series, and /v1/usage's counter keys, as they were after the first rounds."""
+    with running_app(ServerConfig.simulator(max_sessions=2)) as (url, _):
+        for k in range(2):
+            _hostile_round(url, k)
+        _, metrics = get(url, "/metrics")
+        _, usage = get(url, "/v1/usage")
+        before, before_usage = _series(metrics), json.loads(usage)["sessions"]
+        for k in range(2, 6):
+            _hostile_round(url, k)
+        _, metrics = get(url, "/metrics")
+        _, usage = get(url, "/v1/usage")
+        after, after_usage = _series(metrics), json.loads(usage)["sessions"]
+    assert after == before
+    assert _key_paths(after_usage) == _key_paths(before_usage)
+    assert "bogus" not in metrics.decode() and "reason 5" not in metrics.decode()
