@@ -187,7 +187,8 @@ class _Episode:
         return self.host.went_idle
 
     def lease_only(self) -> bool:
-        return False
+        """Only a deadline of the session's lease is left to wait for (v3: the silent client's; tiered: below)."""
+        return self.core.idle
 
     def drain(self) -> bool:
         ok = self.step(self.max_frames + 600, timers=True)

@@ -132,7 +132,7 @@ def _v3_turn(tally: SessionTally) -> list[dict]:
 
     def send(event: dict | str) -> None:
         host.dispatch(session.receive(event if isinstance(event, str) else json.dumps(event), host.clock.now))
-        host.run(max_positions=400)
+        host.run(max_positions=400, stop_when=lambda: session.core.idle)  # not on to the silent client's deadline
 
     send({"type": "session.update", "event_id": "u", "session": {"protocol_version": 3, "instructions": "Hi."}})
     send({"type": "input_audio_buffer.turn_start", "event_id": "s", "client_turn_id": 1})

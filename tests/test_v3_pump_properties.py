@@ -92,7 +92,7 @@ def test_a_burst_behind_a_prefill_is_answered_in_arrival_order(kinds: list[str],
     texts = [json.loads(o.text) for o in out if not isinstance(o, CloseTransport)]
     assert [e["type"] for e in texts] == ["session.created"]
     assert session.held_messages == len(kinds) + stop
-    host.run(max_positions=5000)
+    host.run(max_positions=5000, stop_when=lambda: session.core.idle)  # not on to the silent client's deadline
     assert session.held_messages == 0
     events = [json.loads(o.text) for o in out if not isinstance(o, CloseTransport)]
     types = [e["type"] for e in events]

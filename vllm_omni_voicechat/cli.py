@@ -14,6 +14,15 @@ import sys
 from .runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
 from .session.settlement import DEFAULT_FENCE
 from .wire.limits import TIERED_MAX_MESSAGE_BYTES, V3_MAX_MESSAGE_BYTES
+from .wire.v3.schema import CONFIGURE_TIMEOUT_S as V3_CONFIGURE_TIMEOUT_S
+from .wire.v3.schema import IDLE_TIMEOUT_S as V3_IDLE_TIMEOUT_S
+
+
+def _seconds_or_off(text: str) -> float | None:
+    seconds = float(text)
+    if seconds < 0:
+        raise argparse.ArgumentTypeError("a timeout is 0 (off) or more seconds")
+    return seconds or None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tiered-max-message-bytes", type=int, default=TIERED_MAX_MESSAGE_BYTES, metavar="N",
                        help="the largest tiered client message; a larger one closes the socket with 1009 (default "
                             "16 MiB; over 15 MiB the dialect answers event_too_large)")
+    serve.add_argument("--v3-configure-timeout-s", type=_seconds_or_off, default=V3_CONFIGURE_TIMEOUT_S, metavar="T",
+                       help="end a v3 session with no session.update T seconds after session.created (0: never; "
+                            "default 30)")
+    serve.add_argument("--v3-idle-timeout-s", type=_seconds_or_off, default=V3_IDLE_TIMEOUT_S, metavar="T",
+                       help="end a v3 session whose client sends nothing for T seconds while the model listens (0: "
+                            "never; default 300)")
     serve.add_argument("--warmup-positions", type=int, default=0, help="silent positions run before admitting clients")
     serve.add_argument("--log-level", default="info")
     from .client import talk
@@ -127,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             api_keys=api_keys(args.api_key),
             v3_max_message_bytes=args.v3_max_message_bytes,
             tiered_max_message_bytes=args.tiered_max_message_bytes,
+            v3_configure_timeout_s=args.v3_configure_timeout_s,
+            v3_idle_timeout_s=args.v3_idle_timeout_s,
         )
         from .server.uvicorn import VoicechatUvicornServer, uvicorn_config
 

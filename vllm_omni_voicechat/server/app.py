@@ -247,7 +247,9 @@ class VoicechatServer:
         protocol = V3Session(core, V3Options(default_instructions=cfg.default_instructions,
                                              single_client=cfg.max_sessions == 1,
                                              legacy_turns=cfg.v3_turns == "legacy",
-                                             max_inbox_messages=cfg.max_inbox_messages),
+                                             max_inbox_messages=cfg.max_inbox_messages,
+                                             configure_timeout_s=cfg.v3_configure_timeout_s,
+                                             idle_timeout_s=cfg.v3_idle_timeout_s),
                              tally=self.usage.admit(core.session_id, "v3", time.monotonic(),
                                                     on_error=error_logger(core.session_id)))
         try:

@@ -18,6 +18,7 @@ from ..synth.simulated import SimulatorSynthesizer
 from ..wire.limits import TIERED_MAX_MESSAGE_BYTES, V3_MAX_MESSAGE_BYTES
 from ..wire.tiered import journal
 from ..wire.tiered.schema import DISCONNECT_GRACE_S, HANDSHAKE_TIMEOUT_S
+from ..wire.v3 import schema as v3_schema
 from ..wire.v3.schema import RECEIVE_QUEUE_MESSAGES
 
 
@@ -59,6 +60,10 @@ class ServerConfig:
     """The largest v3 client message (1 MiB): a larger one closes the socket with 1009 before it is buffered."""
     tiered_max_message_bytes: int = TIERED_MAX_MESSAGE_BYTES
     """The largest tiered client message (16 MiB; the dialect answers one over 15 MiB with ``event_too_large``)."""
+    v3_configure_timeout_s: float | None = v3_schema.CONFIGURE_TIMEOUT_S
+    """A v3 session with no ``session.update`` this long after ``session.created`` ends (None: never)."""
+    v3_idle_timeout_s: float | None = v3_schema.IDLE_TIMEOUT_S
+    """A v3 session whose client sends nothing this long while the model merely listens ends (None: never)."""
     # Backpressure bounds, per socket (docs/reliability.md, "Backpressure"). Only sizes trip them, never time: a
     # slow consumer must not trip a transport timer (v3 contract §1).
     max_outbound_bytes: int = 8 << 20

@@ -53,6 +53,8 @@ Dialect = Literal["v3", "tiered", "tiered-openai"]
 # v3 close codes per fatal code (contract §11); every other fatal code closes 1011.
 _V3_CLOSE = {
     "session_position_limit": 1000,
+    "session_configure_timeout": 1000,
+    "session_idle_timeout": 1000,
     "server_busy": 1013,
     "unsupported_protocol_version": 1002,
     "invalid_event_id": 1002,
@@ -62,7 +64,8 @@ _V3_CLOSE = {
 }
 # v3 fatal paths that send session.closed after the error (contract §15.21).
 _V3_CLOSED_AFTER_FATAL = frozenset(
-    {"function_call_loop_limit", "internal_error", "unsupported_protocol_version", "session_position_limit"}
+    {"function_call_loop_limit", "internal_error", "unsupported_protocol_version", "session_position_limit",
+     "session_configure_timeout", "session_idle_timeout"}
 )
 _PROTOCOL_VIOLATIONS = frozenset(
     {"unsupported_protocol_version", "invalid_event_id", "invalid_client_turn_id", "input_turn_conflict",

@@ -41,6 +41,8 @@ from .audio import AudioRejected, decode_append
 from .project import V3Projector, WireEvent
 from .schema import (
     CLOSE_NORMAL,
+    CONFIGURE_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
     MODEL_OUTPUT_MODE,
     PROTOCOL,
     RECEIVE_QUEUE_MESSAGES,
@@ -65,6 +67,12 @@ class V3Options:
     end-of-utterance opens responses; ``turn_start`` and ``commit`` get the recoverable ``unsupported_event``."""
     max_inbox_messages: int = RECEIVE_QUEUE_MESSAGES
     """The host's inbox bound, echoed by the ``input_backpressure`` error that answers a refused frame."""
+    configure_timeout_s: float | None = CONFIGURE_TIMEOUT_S
+    """A session with no ``session.update`` this long after ``session.created`` ends (fatal
+    ``session_configure_timeout``, ``session.closed``, close 1000): a socket that never speaks holds no slot."""
+    idle_timeout_s: float | None = IDLE_TIMEOUT_S
+    """A session whose client has sent nothing this long while the model merely listens ends the same way (fatal
+    ``session_idle_timeout``). A client streaming its microphone (silence included) never reaches it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +116,8 @@ class V3Session:
         self._held: deque[str | bytes | _HeldRefusal] = deque()
         self._awaiting_ack: str | None = None
         self._wire_bytes = 0
+        self._started_at = 0.0
+        self._last_message_at = 0.0
 
     resumable = False
     """A v3 session ends with its socket."""
@@ -120,6 +130,7 @@ class V3Session:
 
     def start(self, now: float) -> list[V3Output]:
         """The greeting: ``session.created`` is the first event of every admitted connection."""
+        self._started_at = self._last_message_at = now
         return [
             _text(self.projector.envelope(
                 "session.created",
@@ -151,6 +162,7 @@ class V3Session:
     def receive(self, message: str | bytes, now: float) -> list[V3Output]:
         if self.core.closed:
             return []
+        self._last_message_at = now
         if self._held or self.at_barrier:
             self._held.append(message)
             return []
@@ -188,13 +200,41 @@ class V3Session:
         return handler(self, msg, now)
 
     def poll(self, now: float) -> Tick:
+        silence = self._silence(now)
+        if silence is not None:
+            code, message = silence
+            return Tick(self._project(self.core.abort_session(code, message, now, closed=("failed", code)), now))
         tick = self.core.poll(now)
         outputs = self._project(tick.outputs, now)
         if self._held and not self.at_barrier:
             outputs = self._release(outputs, now)
             if tick.position is None:
                 return Tick(outputs, None, now)  # released frames may have queued work: poll again at once
-        return Tick(outputs, tick.position, tick.wake_at)
+        wake = tick.wake_at
+        if tick.position is None and (deadline := self._silence_deadline()) is not None:
+            wake = deadline if wake is None else min(wake, deadline)
+        return Tick(outputs, tick.position, wake)
+
+    def _silence_deadline(self) -> float | None:
+        """When a silent client's session ends, if it stays silent (None: it cannot, now)."""
+        if self.core.closed:
+            return None
+        options = self.options
+        if not (self.core.configured or self.core.configuring or self._held):
+            if options.configure_timeout_s is not None:
+                return self._started_at + options.configure_timeout_s
+        elif options.idle_timeout_s is not None and self.core.idle and not self._held:
+            return self._last_message_at + options.idle_timeout_s
+        return None
+
+    def _silence(self, now: float) -> tuple[str, str] | None:
+        deadline = self._silence_deadline()
+        if deadline is None or now < deadline:
+            return None
+        if not (self.core.configured or self.core.configuring):
+            return ("session_configure_timeout",
+                    f"no session.update within {self.options.configure_timeout_s:g} s of session.created")
+        return ("session_idle_timeout", f"no client event for {self.options.idle_timeout_s:g} s while idle")
 
     def complete(self, position: Position, result: StepResult, now: float) -> list[V3Output]:
         return self._release(self._project(self.core.complete(position, result, now), now), now)

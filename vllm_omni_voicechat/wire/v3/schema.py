@@ -13,6 +13,8 @@ MODEL_OUTPUT_MODE = "client_authored_v1"
 
 MAX_APPEND_BYTES = 40_960
 RECEIVE_QUEUE_MESSAGES = 256  # the reference server's receive queue: frames beyond it are refused
+CONFIGURE_TIMEOUT_S = 30.0  # no session.update by then: the session ends (a socket that never speaks holds no slot)
+IDLE_TIMEOUT_S = 300.0  # no client event while idle for this long: the session ends (the tiered idle TTL's default)
 
 CLOSE_NORMAL = 1000
 CLOSE_PROTOCOL = 1002
@@ -30,9 +32,13 @@ _PROTOCOL_VIOLATIONS = frozenset(
 )
 
 
+SERVER_LIMITS = frozenset({"session_position_limit", "session_configure_timeout", "session_idle_timeout"})
+"""Fatal codes of a limit the server sets on a session (not a failure): ``session.closed`` follows, then close 1000."""
+
+
 def close_code_for(fatal_code: str) -> int:
     """The WebSocket close code that follows a fatal error with this code."""
-    if fatal_code == "session_position_limit":
+    if fatal_code in SERVER_LIMITS:
         return CLOSE_NORMAL
     if fatal_code == "server_busy":
         return CLOSE_BUSY
