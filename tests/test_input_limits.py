@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import struct
+import time
 from urllib.parse import urlsplit
 
 from vllm_omni_voicechat.server import ServerConfig
@@ -171,3 +172,46 @@ def test_tiered_json_with_too_many_containers_is_refused_undecoded_and_the_sessi
         c.send(bomb(MAX_JSON_CONTAINERS))
         assert c.recv_type("error")["error"]["code"] == "unknown_event"
         c.close()
+
+
+# ---------------------------------------------------------------------------------------------------- the request head
+
+
+def _closed_by_server(sock: socket.socket, timeout: float = 10.0) -> bool:
+    """Whether the server closes ``sock`` (EOF or reset) within ``timeout``."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_a_connection_without_a_request_head_in_time_is_closed_and_a_slow_one_too():
+    with InProcessServer(ServerConfig(), request_head_timeout_s=0.3) as server:
+        silent = socket.create_connection(("127.0.0.1", server.port))
+        slow = socket.create_connection(("127.0.0.1", server.port))
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+        assert _closed_by_server(silent) and _closed_by_server(slow)
+        silent.close()
+        slow.close()
+
+
+def test_the_head_deadline_spares_requests_and_websocket_sessions():
+    with InProcessServer(ServerConfig(), request_head_timeout_s=0.3) as server:
+        c = RawClient(server.url + "/v1/voicechat")
+        c.recv_type("session.created")
+        request = socket.create_connection(("127.0.0.1", server.port))
+        request.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        request.settimeout(10)
+        assert request.recv(4096).startswith(b"HTTP/1.1 200")
+        time.sleep(0.6)  # ok: past the head deadline, which must not touch either connection
+        request.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive: uvicorn's own timer (5 s)
+        assert request.recv(4096).startswith(b"HTTP/1.1 200")
+        c.send(V3_UPDATE)
+        c.recv_type("session.updated")
+        c.close()
+        request.close()

@@ -86,3 +86,21 @@ def test_websockets_reads_the_message_limit_per_frame():
     conn.receive_data(bytes((0x81, 0x80 | 20)) + b"\0\0\0\0")  # a masked text header announcing 20 bytes, no payload
     sent = b"".join(conn.data_to_send())
     assert sent[:1] == b"\x88" and sent[2:4] == (1009).to_bytes(2, "big")
+
+
+def test_uvicorn_h11_protocol_keeps_the_attributes_the_head_deadline_reads():
+    """HeadTimedH11 subclasses uvicorn's h11 protocol and reads ``loop``, ``cycle`` (None until a request head has
+    been parsed) and ``transport``, and overrides ``connection_made`` / ``data_received`` / ``connection_lost``."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from vllm_omni_voicechat.server.uvicorn import HeadTimedH11
+
+    async def build() -> H11Protocol:
+        config = Config(app=lambda scope, receive, send: None, http="h11", lifespan="off")
+        config.load()
+        return HeadTimedH11(config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+
+    protocol = asyncio.run(build())
+    assert protocol.cycle is None and protocol.transport is None and isinstance(protocol.loop, asyncio.AbstractEventLoop)
+    for method in ("connection_made", "data_received", "connection_lost"):
+        assert callable(getattr(H11Protocol, method, None)), method

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--v3-idle-timeout-s", type=_seconds_or_off, default=V3_IDLE_TIMEOUT_S, metavar="T",
                        help="end a v3 session whose client sends nothing for T seconds while the model listens (0: "
                             "never; default 300)")
+    serve.add_argument("--request-head-timeout-s", type=float, default=None, metavar="T",
+                       help="close a connection whose first request head has not arrived T seconds after its accept "
+                            "(default 10)")
     serve.add_argument("--warmup-positions", type=int, default=0, help="silent positions run before admitting clients")
     serve.add_argument("--log-level", default="info")
     from .client import talk
@@ -145,13 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             v3_configure_timeout_s=args.v3_configure_timeout_s,
             v3_idle_timeout_s=args.v3_idle_timeout_s,
         )
-        from .server.uvicorn import VoicechatUvicornServer, uvicorn_config
+        from .server.uvicorn import REQUEST_HEAD_TIMEOUT_S, VoicechatUvicornServer, uvicorn_config
 
         app = create_app(config, manage_heap=True)
         VoicechatUvicornServer(
             uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                            ws_per_message_deflate=args.ws_compression,
-                           ws_max_size=max(args.v3_max_message_bytes, args.tiered_max_message_bytes)),
+                           ws_max_size=max(args.v3_max_message_bytes, args.tiered_max_message_bytes),
+                           request_head_timeout_s=args.request_head_timeout_s or REQUEST_HEAD_TIMEOUT_S),
             app.state.voicechat
         ).run()
     return 0

@@ -22,11 +22,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import apply_mask
 from websockets.protocol import Protocol, State
 
 _Key = tuple[str, int, str, int]
+REQUEST_HEAD_TIMEOUT_S = 10.0
+"""How long a new connection may take to send its request head (HAProxy's usual ``timeout http-request``)."""
 READ_AHEAD_MESSAGES = 16
 """Inbound messages uvicorn may queue for the app before it stops reading the socket (backpressure)."""
 _MAX_REQUEST_BYTES = 1 << 16
@@ -219,6 +222,35 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
 _PROTOCOLS: dict[_Key, AbortableWebSockets] = {}
 
 
+class HeadTimedH11(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose first request head has not arrived within
+    ``head_timeout_s`` of its accept. uvicorn times only the wait between keep-alive requests, and any byte resets
+    that timer, so a connection that never sends a request (or sends it a byte at a time) stayed open for ever."""
+
+    head_timeout_s = REQUEST_HEAD_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(self.head_timeout_s, self._head_overdue)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_timer is not None and (self.cycle is not None or self.transport.get_protocol() is not self):
+            self._head_timer.cancel()  # a request (or a WebSocket upgrade) arrived in time
+            self._head_timer = None
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        if self.cycle is None and self.transport.get_protocol() is self and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+
 def protocol_for(websocket: Any) -> AbortableWebSockets | None:
     """Our protocol serving a Starlette WebSocket, when :class:`AbortableWebSockets` serves it, else None."""
     scope = websocket.scope
@@ -242,15 +274,17 @@ def transport_for(websocket: Any) -> Any:
     return protocol.transport if protocol is not None else None
 
 
-def uvicorn_config(app: Any, **kwargs: Any) -> uvicorn.Config:
+def uvicorn_config(app: Any, *, request_head_timeout_s: float = REQUEST_HEAD_TIMEOUT_S,
+                   **kwargs: Any) -> uvicorn.Config:
     """uvicorn's config for our app: protocol-level pings off (long model steps or slow consumers must never trip a
     transport timer), permessage-deflate off unless asked for (base64 audio barely compresses, and compressing
     every event cost ~12 % of the server's CPU; a client that offers it still connects, uncompressed), our
-    WebSocket protocol."""
+    WebSocket protocol, and h11 with a deadline for the first request head (:class:`HeadTimedH11`)."""
     kwargs.setdefault("ws_ping_interval", None)
     kwargs.setdefault("ws_ping_timeout", None)
     kwargs.setdefault("ws_per_message_deflate", False)
     kwargs.setdefault("ws", AbortableWebSockets)
+    kwargs.setdefault("http", type("HeadTimedH11", (HeadTimedH11,), {"head_timeout_s": request_head_timeout_s}))
     return uvicorn.Config(app, **kwargs)
 
 
