@@ -14,7 +14,12 @@ from urllib.parse import urlsplit
 
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.server.inprocess import InProcessServer
-from vllm_omni_voicechat.wire.limits import MAX_JSON_CONTAINERS, TIERED_MAX_MESSAGE_BYTES, V3_MAX_MESSAGE_BYTES
+from vllm_omni_voicechat.wire.limits import (
+    MAX_ERROR_MESSAGE_CHARS,
+    MAX_JSON_CONTAINERS,
+    TIERED_MAX_MESSAGE_BYTES,
+    V3_MAX_MESSAGE_BYTES,
+)
 
 from .server_fixture import RawClient, running_app
 
@@ -215,3 +220,31 @@ def test_the_head_deadline_spares_requests_and_websocket_sessions():
         c.recv_type("session.updated")
         c.close()
         request.close()
+
+
+# ---------------------------------------------------------------------------------------------------- echoes
+
+
+def test_an_error_quotes_at_most_1000_characters_of_what_the_client_sent():
+    """An event type of 1 MB (lone surrogates included, which travel escaped at six bytes each) is quoted cut."""
+    huge = "\ud800" + "t" * 900_000
+    with running_app(ServerConfig()) as (url, _):
+        v = RawClient(url + "/v1/voicechat")
+        v.recv_type("session.created")
+        v.send(json.dumps({"type": huge, "event_id": "e"}))
+        raw = v.ws.recv(timeout=10)
+        error = json.loads(raw)["error"]
+        assert error["code"] == "unsupported_event" and len(error["message"]) == MAX_ERROR_MESSAGE_CHARS
+        assert error["message"].endswith("…") and len(raw) < 8_000
+        v.close()
+        t = RawClient(url + "/v1/duplex")
+        t.send({"type": "session.update", "session": {}})
+        t.recv_type("session.updated")
+        t.send(json.dumps({"type": huge, "event_id": "e"}))
+        error = t.recv_type("error")["error"]
+        assert error["code"] == "unknown_event" and len(error["message"]) == MAX_ERROR_MESSAGE_CHARS
+        t.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad",
+                                                                          **{f"k{i:06}" * 20: 1 for i in range(2000)}}}})
+        error = t.recv_type("error")["error"]
+        assert error["code"] == "unsupported_turn_detection" and len(error["message"]) == MAX_ERROR_MESSAGE_CHARS
+        t.close()

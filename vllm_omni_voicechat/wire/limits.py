@@ -22,6 +22,17 @@ MAX_JSON_CONTAINERS = 10_000
 bound). 128 tools with nested schemas are ~3,000; an audio append has 1-2."""
 
 
+MAX_ERROR_MESSAGE_CHARS = 1_000
+"""An error's ``message`` (our prose, which may quote what the client sent: an event type, a field's value): longer is
+cut, so no client string is echoed back at the size it came in. Ids are bounded where they are echoed
+(``transport.MAX_ECHOED_ID_CHARS``)."""
+
+
+def bounded_message(message: str) -> str:
+    """``message`` within :data:`MAX_ERROR_MESSAGE_CHARS` (cut, with an ellipsis, when longer)."""
+    return message if len(message) <= MAX_ERROR_MESSAGE_CHARS else message[: MAX_ERROR_MESSAGE_CHARS - 1] + "…"
+
+
 def utf8_exceeds(data: str | bytes | bytearray | memoryview, limit: int) -> bool:
     """Whether ``data`` is more than ``limit`` bytes in UTF-8 (encoding only when the length cannot tell)."""
     if not isinstance(data, str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..limits import bounded_message
 from ..transport import compact_json
 from .parser import error_class
 
@@ -14,7 +15,7 @@ WireEvent = dict[str, Any]
 
 def error_event(code: str, message: str, *, event_id: Any = None, param: str | None = None,
                 retryable: bool | None = None) -> WireEvent:
-    body: dict[str, Any] = {"type": error_class(code), "code": code, "message": message}
+    body: dict[str, Any] = {"type": error_class(code), "code": code, "message": bounded_message(message)}
     if event_id is not None:
         body["event_id"] = event_id
     if param is not None:

@@ -9,6 +9,7 @@ import pybase64
 from ...audio.frames import OUTPUT_SAMPLE_RATE
 from ...session import events as ev
 from ...session.tools import tool_to_dict
+from ..limits import bounded_message
 from .schema import PROTOCOL, audio_formats
 
 WireEvent = dict[str, Any]
@@ -27,7 +28,7 @@ class V3Projector:
         return {"type": type_, "event_id": f"evt_{self.session_id}_{self._seq}", "session_id": self.session_id, **fields}
 
     def error(self, code: str, message: str, fatal: bool, client_event_id: Any = None, **details: Any) -> WireEvent:
-        body: dict[str, Any] = {"code": code, "message": message, "fatal": fatal}
+        body: dict[str, Any] = {"code": code, "message": bounded_message(message), "fatal": fatal}
         if client_event_id is not None:
             body["client_event_id"] = client_event_id
         body.update(details)
