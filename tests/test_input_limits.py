@@ -248,3 +248,76 @@ def test_an_error_quotes_at_most_1000_characters_of_what_the_client_sent():
         error = t.recv_type("error")["error"]
         assert error["code"] == "unsupported_turn_detection" and len(error["message"]) == MAX_ERROR_MESSAGE_CHARS
         t.close()
+
+
+# ---------------------------------------------------------------------------------------------------- the prompt and the history
+
+
+def _tool(i: int, description_chars: int) -> dict:
+    return {"type": "function", "name": f"tool_{i}", "description": "d" * description_chars,
+            "parameters": {"type": "object", "properties": {}}}
+
+
+def test_instructions_and_tools_over_their_bounds_are_refused_and_the_session_goes_on():
+    from vllm_omni_voicechat.session.tools import MAX_TOOL_BYTES, MAX_TOOLS_BYTES
+    from vllm_omni_voicechat.wire.limits import MAX_INSTRUCTIONS_CHARS
+
+    too_long = "i" * (MAX_INSTRUCTIONS_CHARS + 1)
+    big_tool = [_tool(0, MAX_TOOL_BYTES)]
+    many = [_tool(i, MAX_TOOL_BYTES - 200) for i in range(MAX_TOOLS_BYTES // MAX_TOOL_BYTES + 1)]
+    with running_app(ServerConfig()) as (url, _):
+        v = RawClient(url + "/v1/voicechat")
+        v.recv_type("session.created")
+        for session, code in (({"instructions": too_long}, "invalid_session_update"), ({"tools": big_tool}, "invalid_tools"),
+                              ({"tools": many}, "invalid_tools")):
+            v.send({"type": "session.update", "event_id": "u", "session": {"protocol_version": 3, **session}})
+            error = v.recv_type("error")["error"]
+            assert (error["code"], error["fatal"], error["client_event_id"]) == (code, False, "u"), error
+        v.send({**V3_UPDATE, "session": {**V3_UPDATE["session"], "instructions": "i" * MAX_INSTRUCTIONS_CHARS}})
+        v.recv_type("session.updated")  # at the bound: taken
+        v.close()
+        t = RawClient(url + "/v1/duplex")
+        t.send({"type": "session.update", "session": {}})
+        t.recv_type("session.updated")
+        for session, param in (({"instructions": too_long}, "instructions"), ({"tools": big_tool}, "tools"),
+                               ({"tools": many}, "tools")):
+            t.send({"type": "session.update", "event_id": "u", "session": session})
+            error = t.recv_type("error")["error"]
+            assert error["type"] == "invalid_request_error" and error["param"] == param, error
+        t.send({"type": "session.update", "session": {"tools": [_tool(0, 100)]}})
+        assert [x["name"] for x in t.recv_type("session.updated")["session"]["tools"]] == ["tool_0"]
+        t.close()
+
+
+def test_a_client_item_over_its_bound_is_refused_and_the_history_is_bounded():
+    from vllm_omni_voicechat.wire.tiered.items import MAX_ITEM_CONTENT_BYTES
+
+    with running_app(ServerConfig()) as (url, _):
+        t = RawClient(url + "/v1/duplex")
+        t.send({"type": "session.update", "session": {}})
+        t.recv_type("session.updated")
+        t.send({"type": "conversation.item.create", "event_id": "big", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * MAX_ITEM_CONTENT_BYTES}]}})
+        error = t.recv_type("error")["error"]
+        assert (error["code"], error["event_id"], error["param"]) == ("event_too_large", "big", "item.content")
+        t.send({"type": "conversation.item.create", "item": {
+            "id": "small", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}})
+        assert t.recv_type("conversation.item.done")["item"]["id"] == "small"
+        t.close()
+
+
+def test_the_item_store_forgets_the_oldest_items_beyond_its_count_and_client_bytes():
+    from vllm_omni_voicechat.wire.tiered.items import ItemStore
+
+    store = ItemStore(max_items=3, max_client_bytes=100)
+    for i in range(5):
+        store.add({"id": f"s{i}"})  # server items: counted, not sized
+    assert [store.get(f"s{i}") is not None for i in range(5)] == [False, False, True, True, True]
+    store.add({"id": "c1"}, client_bytes=60)
+    store.add({"id": "c2"}, client_bytes=60)  # the count dropped s2 then s3; over the bytes, c1 goes too
+    assert store.get("c1") is None and store.get("c2") is not None and len(store) == 2
+    store.add({"id": "c3"}, client_bytes=30)
+    assert store.get("c2") is not None and store.get("c3") is not None  # 90 bytes: within
+    assert store.delete("c2") and store.get("c2") is None
+    store.add({"id": "c4"}, client_bytes=70)  # 100: within, now that c2's bytes are gone
+    assert store.get("c3") is not None and store.get("c4") is not None

@@ -22,6 +22,11 @@ MAX_JSON_CONTAINERS = 10_000
 bound). 128 tools with nested schemas are ~3,000; an audio append has 1-2."""
 
 
+MAX_INSTRUCTIONS_CHARS = 64 << 10
+"""A session's instructions (its system prompt): the real model's prompt holds ~3,800 tokens (deploy/voicechat.yaml),
+~16 KB of English, so four times that is no legitimate client's; the tools have their own bounds
+(``session/tools.py``)."""
+
 MAX_ERROR_MESSAGE_CHARS = 1_000
 """An error's ``message`` (our prose, which may quote what the client sent: an event type, a field's value): longer is
 cut, so no client string is echoed back at the size it came in. Ids are bounded where they are echoed

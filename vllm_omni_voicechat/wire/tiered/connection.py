@@ -30,12 +30,13 @@ from ...session.commands import (
     SubmitFunctionOutput,
 )
 from ...session.core import SessionCore, Tick
-from ..transport import CloseTransport, Outbound, refused_event_id
+from ..transport import CloseTransport, Outbound, compact_json, refused_event_id
 from . import parser as p
 from . import session_events as se
 from .audio import InputConverter
 from .closing import Closing
 from .input_buffer import InputBuffer
+from .items import MAX_ITEM_CONTENT_BYTES
 from .journal import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, InvalidAck, Journal, ResyncRequired
 from .lease import Lease, Reattached, ResumeRefused
 from .outgoing import Outgoing
@@ -373,8 +374,12 @@ class TieredSession:
             return self._error("bad_event", f"unsupported item type {kind!r}", e.event_id, "item.type", now)
         role = item.get("role", "user")
         content = item.get("content") if isinstance(item.get("content"), list) else []
+        size = len(compact_json({"content": content, "role": role}).encode("utf-8", "surrogatepass"))
+        if size > MAX_ITEM_CONTENT_BYTES:
+            return self._error("event_too_large", f"an item's content is at most {MAX_ITEM_CONTENT_BYTES} bytes of "
+                               "JSON", e.event_id, "item.content", now)
         item_id = item.get("id") if isinstance(item.get("id"), str) else f"item_text_{self.outgoing.next_id()}"
-        events = self.projector.add_client_item(item_id, role, content)
+        events = self.projector.add_client_item(item_id, role, content, size)
         self.answer.stage_text(item_id, role, content)
         return self._emit(events, now)
 

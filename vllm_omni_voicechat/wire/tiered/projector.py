@@ -486,11 +486,12 @@ class TieredProjector:
         """Drop an item from the client's view of the history (the model keeps its own context)."""
         return self.items.delete(item_id)
 
-    def add_client_item(self, item_id: str, role: Any, content: list) -> list[WireEvent]:
-        """A client ``message`` item joins the history (the model heard nothing of it)."""
+    def add_client_item(self, item_id: str, role: Any, content: list, size: int) -> list[WireEvent]:
+        """A client ``message`` item joins the history (the model heard nothing of it); ``size``: its content's JSON
+        bytes, counted against the history's budget for client items."""
         stored = {"id": item_id, "type": "message", "object": "realtime.item", "role": role, "status": "completed",
                   "content": content}
-        previous = self.items.add(stored)
+        previous = self.items.add(stored, client_bytes=max(1, size))
         return [*self.item_added(stored, previous),
                 {"type": "conversation.item.done", "previous_item_id": previous, "item": stored}]
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from ...model.port import SessionPrompt, ToolSpec
 from ...session.tools import InvalidTools, normalize_tools, tool_to_dict
+from ..limits import MAX_INSTRUCTIONS_CHARS
 from .audio import (
     DEFAULT_INPUT_RATES,
     DEFAULT_OUTPUT_RATE,
@@ -413,6 +414,8 @@ def _apply(
             instructions = ""
         elif not isinstance(instructions, str):
             raise _invalid("instructions must be a string", "instructions")
+        elif len(instructions) > MAX_INSTRUCTIONS_CHARS:
+            raise _invalid(f"instructions are at most {MAX_INSTRUCTIONS_CHARS} characters", "instructions")
         if prompt_locked and instructions != current.instructions:
             raise FieldRejected(
                 "instructions_update_unsupported", "instructions cannot change once the model has started",

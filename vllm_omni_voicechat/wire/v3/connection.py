@@ -27,7 +27,7 @@ from ...session.commands import (
 )
 from ...session.core import SessionCore, Tick
 from ...session.tools import InvalidTools, normalize_tools
-from ..limits import MAX_JSON_CONTAINERS, too_many_containers
+from ..limits import MAX_INSTRUCTIONS_CHARS, MAX_JSON_CONTAINERS, too_many_containers
 from ..transport import (
     MAX_ECHOED_ID_CHARS,
     CloseTransport,
@@ -337,6 +337,9 @@ class V3Session:
             instructions = self.options.default_instructions
         elif not isinstance(instructions, str):
             instructions = json.dumps(instructions) if isinstance(instructions, (dict, list)) else str(instructions)
+        if len(instructions) > MAX_INSTRUCTIONS_CHARS:
+            return [self._error("invalid_session_update", f"instructions are at most {MAX_INSTRUCTIONS_CHARS} "
+                                "characters", cid)]
         tools_value = session.get("tools", _MISSING)
         tools = current.tools
         if tools_value is not _MISSING:
