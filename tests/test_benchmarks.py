@@ -90,6 +90,22 @@ def test_session_end_pause_smoke(tmp_path):
     assert all(r["full_collections"] == 0 and r["objects_collected"] == 0 for r in rows[1::2])
 
 
+def test_hostile_clients_smoke(tmp_path):
+    """The reduced form: two attacks, 2 s each, against this checkout; the v3 bomb never reaches the decoder and the
+    echo is cut."""
+    out = tmp_path / "hostile.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "hostile_clients.py"), "--duration", "2", "--attacks",
+                           "json_bomb_v3,echo", "--out", str(out)], check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["attack"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"json_bomb_v3", "echo"} and all(r["server"] == "now" for r in rows.values())
+    assert rows["json_bomb_v3"]["attacker"].get("reconnects", 0) >= 1  # closed 1009 at each bomb's header
+    echo = rows["echo"]["attacker"]
+    assert echo["sent_bytes"] > 0 and echo["received_bytes"] < echo["sent_bytes"] / 100
+    assert all(r["talker_frames"] > 0 for r in rows.values())
+
+
 def test_capacity_smoke(tmp_path):
     """Both dialects, one short trial each, the load generator in its own process: every figure the search and the
     closing note rely on is there and measured."""

@@ -74,6 +74,14 @@ class RawSocket:
         self.sock.close()
 
 
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    """An awaited condition on the server's state (polled; fails after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.01)
+
+
 def padded(event: dict, size: int) -> str:
     """``event`` with a ``pad`` field making it exactly ``size`` bytes of JSON."""
     bare = json.dumps({**event, "pad": ""})
@@ -95,6 +103,7 @@ def test_v3_message_over_its_size_is_refused_at_its_header_with_1009_and_frees_t
         raw.send_header(V3_MAX_MESSAGE_BYTES + 1)  # the payload never comes: refused before it is buffered
         assert raw.close_code() == 1009
         raw.close()
+        wait_until(lambda: not app.sessions)  # the transport closed first; the session learns of it after
         c = RawClient(url + "/v1/voicechat")  # the one slot is free again
         assert c.recv()["type"] == "session.created"
         c.close()
@@ -119,6 +128,7 @@ def test_v3_message_over_its_size_closes_with_1009_where_our_protocol_does_not_s
         c.recv_type("session.created")
         c.send(padded({"type": "bogus.event", "event_id": "big"}, V3_MAX_MESSAGE_BYTES + 1))
         assert c.close_code() == 1009
+        wait_until(lambda: not server.voicechat.sessions)
         c2 = RawClient(server.url + "/v1/voicechat")
         assert c2.recv()["type"] == "session.created"
         c2.close()

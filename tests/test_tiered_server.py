@@ -529,6 +529,24 @@ def test_an_openai_lane_url_cannot_resume_a_full_lane_session(url):
     close_session(a)
 
 
+def test_a_wrong_token_is_refused_without_waiting_for_the_session():
+    """A resume settles the session's input before it answers (its receipt counts what the old socket sent), but a
+    token that is not the session's is refused first: a wrong-token storm never pauses a live session."""
+    with gated_app(max_sessions=2) as (base, app, models):
+        a, created = open_full(base)
+        model = models[-1]
+        model.run_for(0)  # the session's next position blocks at the gate
+        a.send(append(render_speech("hello") + SILENCE))
+        assert model.held.wait(10)
+        a.send({"type": "session.heartbeat"})  # a frame the held session has not taken in
+        b = RawClient(base + "/v1/duplex?autostart=0")
+        b.send(resume(created, 1, token="rt_not_the_token"))
+        refusal(b, "invalid_resume_token")
+        assert model.held.is_set()  # answered while the session could take nothing in
+        model.release()
+        close_session(a)
+
+
 def test_resume_refusals_are_seq_less_and_close(url):
     unknown = RawClient(url + "/v1/duplex?autostart=0")
     unknown.send({"type": "session.resume", "event_id": "r9", "session_id": "duplex-nope", "resume_token": "rt_x"})

@@ -517,6 +517,10 @@ class VoicechatServer:
             await self._answer(websocket, self._error("session_resume_expired", "no live session with that id",
                                                       event_id=request.event_id), 1000, "session_resume_expired")
             return
+        early = att.protocol.refuse_early(request)  # a wrong token never pauses the session's input
+        if early is not None:
+            await self._refuse_resume(websocket, early)
+            return
         async with att.resuming:
             received = time.monotonic()
             # What the old socket delivered is taken in first, so session.resumed's input receipt covers it (a
@@ -541,17 +545,20 @@ class VoicechatServer:
             finally:
                 att.reads_open.set()
         if not outcome.ok:
-            self.usage.resume_refused()
-            for item in outcome.outputs:
-                with contextlib.suppress(Exception):
-                    await websocket.send_text(item.text)
-            with contextlib.suppress(Exception):
-                await websocket.close(1000, _refusal_code(outcome.outputs))
+            await self._refuse_resume(websocket, outcome)
             return
         try:
             await read_socket(att, websocket)  # until this socket drops, is replaced, or the session ends
         finally:
             await outbox.closed()  # closed by whoever retired it: a takeover, the session's end, or a drop
+
+    async def _refuse_resume(self, websocket: WebSocket, outcome: Any) -> None:
+        self.usage.resume_refused()
+        for item in outcome.outputs:
+            with contextlib.suppress(Exception):
+                await websocket.send_text(item.text)
+        with contextlib.suppress(Exception):
+            await websocket.close(1000, _refusal_code(outcome.outputs))
 
 
 def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], None] | None = None,

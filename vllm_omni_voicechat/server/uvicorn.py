@@ -32,6 +32,8 @@ REQUEST_HEAD_TIMEOUT_S = 10.0
 """How long a new connection may take to send its request head (HAProxy's usual ``timeout http-request``)."""
 READ_AHEAD_MESSAGES = 16
 """Inbound messages uvicorn may queue for the app before it stops reading the socket (backpressure)."""
+READ_AHEAD_BYTES = 1 << 20
+"""A message this large stops reading until the app has taken it (whatever the count)."""
 _MAX_REQUEST_BYTES = 1 << 16
 _HEAD16 = struct.Struct("!BBH")
 _HEAD64 = struct.Struct("!BBQ")
@@ -208,13 +210,15 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
                 receiver(data)
                 return
         # uvicorn pauses reading after every message (it skips that while already paused) and resumes when the app
-        # has taken them all; we pause only at READ_AHEAD_MESSAGES, and uvicorn's receive resumes as before.
+        # has taken them all; we pause only at READ_AHEAD_MESSAGES, or after a message of READ_AHEAD_BYTES (16 large
+        # messages would be 256 MiB waiting), and uvicorn's receive resumes as before.
+        size = sum(len(f) for f in self.frames)
         paused, self.read_paused = self.read_paused, True
         try:
             super().send_receive_event_to_app()
         finally:
             self.read_paused = paused
-        if not paused and self.queue.qsize() >= READ_AHEAD_MESSAGES:
+        if not paused and (self.queue.qsize() >= READ_AHEAD_MESSAGES or size >= READ_AHEAD_BYTES):
             self.read_paused = True
             self.transport.pause_reading()
 

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .limits import too_many_containers
+
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # built once: it runs per event
 try:
     from orjson import dumps as _orjson_dumps
@@ -76,11 +78,11 @@ v3 answers without it, and a refused frame's refusal carries none."""
 def refused_event_id(message: str | bytes) -> Any:
     """The ``event_id`` of a JSON client event (both dialects name it so), or None: what a refusal echoes of a frame
     the host's full inbox did not take."""
-    if not isinstance(message, str):
-        return None
+    if not isinstance(message, str) or too_many_containers(message):
+        return None  # a frame refused for the room it takes must not cost a decode of any size
     try:
         event = json.loads(message)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     value = event.get("event_id") if isinstance(event, dict) else None
     if isinstance(value, str) and 0 < len(value) <= MAX_ECHOED_ID_CHARS:

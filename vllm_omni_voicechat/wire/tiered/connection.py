@@ -263,6 +263,13 @@ class TieredSession:
             replaced = self._stamped(se.session_replaced(self.session_id, verdict.superseded))
         return ResumeOutcome(True, outputs, replaced)
 
+    def refuse_early(self, request: p.SessionResume) -> ResumeOutcome | None:
+        """The refusal of a resume whose token is not this session's, decided before the host settles the session's
+        input for it (a wrong token must cost the session nothing); None when only :meth:`resume` can decide."""
+        if self.closed or self.lease.journal is None or self.lease.credential.verify(request.resume_token):
+            return None
+        return self.resume(request, 0.0)  # refused on the token: ``now`` plays no part
+
     def rollback_resume(self) -> None:
         """The activation failed mid-send: the old token is valid again and the session stays detached."""
         self.lease.rollback()
