@@ -97,3 +97,12 @@ def test_the_backstop_collects_once_the_last_full_collection_is_old(own_heap):
     assert heap.backstop(1_000.0) == 100.0 and calls == [1]
     assert heap.backstop(1_100.0) == 600.0 and calls == [1, 1]
     assert Heap(managed=False).backstop(0.0) is None
+
+
+def test_a_managed_heap_trims_the_c_heap_on_its_interval_and_an_unmanaged_one_never():
+    calls: list[int] = []
+    heap = Heap(managed=True, trim_interval_s=1.5, trim=lambda: calls.append(1))
+    assert heap.trim_due() == 1.5 and heap.trim_due() == 1.5
+    assert calls == [1, 1] and heap.trims == 2
+    assert Heap(managed=False, trim=lambda: calls.append(1)).trim_due() is None and calls == [1, 1]
+    assert Heap(managed=True, trim=None).trim_due() in (None, 1.0)  # glibc here: trimmed; elsewhere nothing

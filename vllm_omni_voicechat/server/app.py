@@ -584,12 +584,21 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
             delay = server.heap.backstop(time.monotonic())
             backstop = loop.call_later(delay, check_heap) if delay is not None else None
 
+        trimmer: asyncio.TimerHandle | None = None
+
+        def trim_heap() -> None:
+            nonlocal trimmer
+            delay = server.heap.trim_due()
+            trimmer = loop.call_later(delay, trim_heap) if delay is not None else None
+
         check_heap()
+        trim_heap()
         if on_ready is not None:
             on_ready()
         yield
-        if backstop is not None:
-            backstop.cancel()
+        for timer in (backstop, trimmer):
+            if timer is not None:
+                timer.cancel()
         server.model_pool.shutdown(wait=False, cancel_futures=True)
 
     keys = server.config.api_keys
