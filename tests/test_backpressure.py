@@ -334,3 +334,27 @@ def test_shell_inbox_bounds_refusals_then_waits():
         assert shell.peak_inbox_messages == 3 and shell.peak_inbox_bytes <= 1000
 
     asyncio.run(main())
+
+
+def test_v3_reader_that_stopped_with_room_left_fails_at_the_stall_timeout():
+    """The bounds are far off (the defaults), but the transport takes nothing for the stall timeout: the session
+    fails as if they had tripped (output_backpressure), without the minutes the bounds would take."""
+    behaviours = itertools.chain([SimBehaviour(endless_response=True, prefill_delay_s=0.02)],
+                                 itertools.repeat(SimBehaviour(prefill_delay_s=0.02)))
+    cfg = ServerConfig(model_factory=lambda: SimulatorModel(next(behaviours)), settlement_blank_frames=3,
+                       outbound_stall_timeout_s=1.0, outbound_close_timeout_s=0.5)
+    with running_app(cfg) as (url, app):
+        stalled = StalledClient(url + "/v1/voicechat")
+        sid = stalled.recv_type("session.created")["session_id"]
+        shrink_server_send_buffer(app, sid)
+        stalled.send(UPDATE)
+        stalled.recv_type("session.updated")
+        stalled.send(barrier("turn_start", 1, "s1"))
+        stalled.send(append(render_speech("tell me a story")))
+        stalled.send(barrier("commit", 1, "c1"))  # and never reads again
+        stats = wait_until(lambda: stats_of(app, sid))
+        assert stats["outbound_overflows"] == 1
+        assert stats["peak_outbound_bytes"] < cfg.max_outbound_bytes  # the time, not the bytes, tripped it
+        assert sid not in app.sessions
+        assert app.usage.ended[("v3", "output_backpressure")] == 1
+        stalled.close()

@@ -23,7 +23,8 @@ from vllm_omni_voicechat.wire.limits import (
 
 from .server_fixture import RawClient, running_app
 
-V3_UPDATE = {"type": "session.update", "event_id": "u1", "session": {"protocol_version": 3, "instructions": "Be brief."}}
+V3_UPDATE = {"type": "session.update", "event_id": "u1",
+             "session": {"protocol_version": 3, "instructions": "Be brief."}}
 
 
 class RawSocket:
@@ -253,14 +254,14 @@ def test_an_error_quotes_at_most_1000_characters_of_what_the_client_sent():
         t.send(json.dumps({"type": huge, "event_id": "e"}))
         error = t.recv_type("error")["error"]
         assert error["code"] == "unknown_event" and len(error["message"]) == MAX_ERROR_MESSAGE_CHARS
-        t.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad",
-                                                                          **{f"k{i:06}" * 20: 1 for i in range(2000)}}}})
+        extra = {f"k{i:06}" * 20: 1 for i in range(2000)}  # unknown fields, named in the error
+        t.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad", **extra}}})
         error = t.recv_type("error")["error"]
         assert error["code"] == "unsupported_turn_detection" and len(error["message"]) == MAX_ERROR_MESSAGE_CHARS
         t.close()
 
 
-# ---------------------------------------------------------------------------------------------------- the prompt and the history
+# ------------------------------------------------------------------------------------------- the prompt and the history
 
 
 def _tool(i: int, description_chars: int) -> dict:
@@ -278,8 +279,8 @@ def test_instructions_and_tools_over_their_bounds_are_refused_and_the_session_go
     with running_app(ServerConfig()) as (url, _):
         v = RawClient(url + "/v1/voicechat")
         v.recv_type("session.created")
-        for session, code in (({"instructions": too_long}, "invalid_session_update"), ({"tools": big_tool}, "invalid_tools"),
-                              ({"tools": many}, "invalid_tools")):
+        for session, code in (({"instructions": too_long}, "invalid_session_update"),
+                              ({"tools": big_tool}, "invalid_tools"), ({"tools": many}, "invalid_tools")):
             v.send({"type": "session.update", "event_id": "u", "session": {"protocol_version": 3, **session}})
             error = v.recv_type("error")["error"]
             assert (error["code"], error["fatal"], error["client_event_id"]) == (code, False, "u"), error
@@ -307,7 +308,8 @@ def test_a_client_item_over_its_bound_is_refused_and_the_history_is_bounded():
         t.send({"type": "session.update", "session": {}})
         t.recv_type("session.updated")
         t.send({"type": "conversation.item.create", "event_id": "big", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * MAX_ITEM_CONTENT_BYTES}]}})
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "x" * MAX_ITEM_CONTENT_BYTES}]}})
         error = t.recv_type("error")["error"]
         assert (error["code"], error["event_id"], error["param"]) == ("event_too_large", "big", "item.content")
         t.send({"type": "conversation.item.create", "item": {

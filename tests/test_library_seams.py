@@ -101,6 +101,7 @@ def test_uvicorn_h11_protocol_keeps_the_attributes_the_head_deadline_reads():
         return HeadTimedH11(config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
 
     protocol = asyncio.run(build())
-    assert protocol.cycle is None and protocol.transport is None and isinstance(protocol.loop, asyncio.AbstractEventLoop)
+    assert protocol.cycle is None and protocol.transport is None
+    assert isinstance(protocol.loop, asyncio.AbstractEventLoop)
     for method in ("connection_made", "data_received", "connection_lost"):
         assert callable(getattr(H11Protocol, method, None)), method

@@ -21,7 +21,8 @@ from .server_fixture import RawClient, running_app
 
 SILENCE = bytes(12 * INPUT_FRAME_BYTES)
 LONG = "please tell me a very long story about the sea and the sky"
-V3_UPDATE = {"type": "session.update", "event_id": "u1", "session": {"protocol_version": 3, "instructions": "Be brief."}}
+V3_UPDATE = {"type": "session.update", "event_id": "u1",
+             "session": {"protocol_version": 3, "instructions": "Be brief."}}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather for a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
@@ -116,7 +117,8 @@ def test_tiered_session_dropped_resumed_and_closed_is_freed():
         created = a.recv_type("session.created")
         a.recv_type("session.updated")
         refs = session_parts(app)
-        a.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(render_speech("hello") + SILENCE).decode()})
+        audio = base64.b64encode(render_speech("hello") + SILENCE).decode()
+        a.send({"type": "input_audio_buffer.append", "audio": audio})
         a.recv_type("response.done")
         a.close()
         b = RawClient(url + "/v1/duplex?autostart=0")

@@ -64,14 +64,19 @@ class ServerConfig:
     """A v3 session with no ``session.update`` this long after ``session.created`` ends (None: never)."""
     v3_idle_timeout_s: float | None = v3_schema.IDLE_TIMEOUT_S
     """A v3 session whose client sends nothing this long while the model merely listens ends (None: never)."""
-    # Backpressure bounds, per socket (docs/reliability.md, "Backpressure"). Only sizes trip them, never time: a
-    # slow consumer must not trip a transport timer (v3 contract §1).
+    # Backpressure bounds, per socket (docs/reliability.md, "Backpressure"). Sizes trip them, and a transport that
+    # takes nothing at all for a minute; a slow consumer must not trip a transport timer (v3 contract §1).
     max_outbound_bytes: int = 8 << 20
     """Server events queued for one socket but not yet handed to the transport (~2 min of 22.05 kHz audio).
     Beyond it the session's policy runs: tiered detaches the socket (resume within the grace), v3 fails the
     session (fatal ``output_backpressure``, close 1011)."""
     max_outbound_events: int = 16_384
     """The same bound counted in events (~7 min of per-position events)."""
+    outbound_stall_timeout_s: float | None = 60.0
+    """A socket whose transport takes nothing at all for this long while events wait for it trips the same policy
+    as the bounds: a reader that stopped, not a slow one (a reader draining even ~1 KB/s makes the transport
+    writable again well within it). Without it, a v3 client that stopped reading while its session was quiet held
+    its session until 16,384 metrics events had piled up (~5 minutes). None: sizes only."""
     outbound_close_timeout_s: float = 10.0
     """After a bound tripped: how long the fatal error and close frame may wait for the socket before it is
     aborted (a stalled reader never drains them)."""

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from starlette.websockets import WebSocket
 
@@ -39,6 +40,9 @@ class Outbox:
         self.max_bytes = config.max_outbound_bytes
         self.max_events = config.max_outbound_events
         self.close_timeout_s = config.outbound_close_timeout_s
+        self.stall_timeout_s = config.outbound_stall_timeout_s
+        self.stalled = False
+        """The transport took nothing for ``stall_timeout_s`` while events waited (the policy ran)."""
         self._on_overflow = on_overflow
         self._on_gone = on_gone
         self._queue: deque[tuple[str, int, bool]] = deque()  # (text, size, forced)
@@ -164,13 +168,13 @@ class Outbox:
                     await self._wake.wait()
                     continue
                 if direct is not None:
-                    await direct.writable.wait()  # the transport's buffer is above its high-water mark
+                    await self._until_written(direct.writable.wait())  # the buffer is above its high-water mark
                     self._flush()  # what is queued now, in as few writes as the transport takes
                     if self.gone:
                         return
                     continue
                 entry = self._queue[0]
-                await ws.send_text(entry[0])
+                await self._until_written(ws.send_text(entry[0]))
                 self._progress += 1
                 self.sent_events += 1
                 if self._queue and self._queue[0] is entry:
@@ -182,6 +186,21 @@ class Outbox:
             self.gone = True
         except Exception:  # the client left: a write failure is a disconnect
             self._lost()
+
+    async def _until_written(self, waiting: Any) -> None:
+        """Await a write (or the transport's room for one); if it takes nothing for ``stall_timeout_s``, the reader
+        has stopped: the overflow policy runs once, and the wait goes on (a close or an abort ends it)."""
+        task = asyncio.ensure_future(waiting)
+        try:
+            if self.stall_timeout_s is not None and not self.overflowed:
+                done, _ = await asyncio.wait({task}, timeout=self.stall_timeout_s)
+                if not done and not self.overflowed:
+                    self.stalled = self.overflowed = True
+                    self._on_overflow()
+            await task
+        finally:
+            if not task.done():
+                task.cancel()
 
     def _lost(self) -> None:
         self.gone = True

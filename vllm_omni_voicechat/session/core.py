@@ -503,7 +503,8 @@ class SessionCore:
                 case MicFrame():
                     return procs.frame(self, PositionKind.REAL, item.pcm, item.transport_frame, item.loud, item.ready)
                 case TailPadding():
-                    return procs.frame(self, PositionKind.COMMIT_PADDING, item.pcm, item.transport_frame, ready=item.ready)
+                    return procs.frame(self, PositionKind.COMMIT_PADDING, item.pcm, item.transport_frame,
+                                       ready=item.ready)
                 case EndInput():
                     return procs.end_input(self, item.command)
                 case Cancel():
