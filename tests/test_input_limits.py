@@ -333,3 +333,19 @@ def test_the_item_store_forgets_the_oldest_items_beyond_its_count_and_client_byt
     assert store.delete("c2") and store.get("c2") is None
     store.add({"id": "c4"}, client_bytes=70)  # 100: within, now that c2's bytes are gone
     assert store.get("c3") is not None and store.get("c4") is not None
+
+
+def test_a_tiered_socket_waiting_for_its_first_message_takes_1_mib_then_the_dialect_s_size():
+    from vllm_omni_voicechat.wire.limits import FIRST_MESSAGE_MAX_BYTES
+
+    with running_app(ServerConfig()) as (url, _):
+        raw = RawSocket(url + "/v1/duplex?autostart=0")
+        raw.send_header(FIRST_MESSAGE_MAX_BYTES + 1)  # no session yet: refused from the header
+        assert raw.close_code() == 1009
+        raw.close()
+        c = RawClient(url + "/v1/duplex?autostart=0")
+        c.send({"type": "session.update", "session": {}})
+        c.recv_type("session.updated")
+        c.send(padded({"type": "bogus.event", "event_id": "big"}, 2 * FIRST_MESSAGE_MAX_BYTES))  # a session now
+        assert c.recv_type("error")["error"]["code"] == "unknown_event"
+        c.close()

@@ -36,6 +36,7 @@ from ..session.core import SessionCore
 from ..session.functions import CALL_ID_HEX
 from ..shell.aio import SessionShell
 from ..trace.tap import tap_socket
+from ..wire.limits import FIRST_MESSAGE_MAX_BYTES
 from ..wire.tiered import parser as tiered_parser
 from ..wire.tiered.connection import TieredOptions, TieredSession
 from ..wire.tiered.routing import UnknownRoute, duplex_off_answer_text, select_route
@@ -275,7 +276,8 @@ class VoicechatServer:
             return
         tap_socket(websocket, self.config.trace_factory, "tiered-openai" if route.lane == "openai" else "tiered")
         await websocket.accept(subprotocol=safe_subprotocol(websocket.scope.get("subprotocols") or ()))
-        limit_messages(websocket, self.config.tiered_max_message_bytes)
+        # A first message (session.update or session.resume) is small: a client waiting for one holds no more.
+        limit_messages(websocket, self.config.tiered_max_message_bytes if route.autostart else FIRST_MESSAGE_MAX_BYTES)
         if route.dialect == "duplex_off":
             await self._answer(websocket, duplex_off_answer_text(), 1000, "unsupported")
             return
@@ -290,6 +292,7 @@ class VoicechatServer:
             if message["type"] == "websocket.disconnect":
                 return
             first = message.get("text") if message.get("text") is not None else message.get("bytes")
+            limit_messages(websocket, self.config.tiered_max_message_bytes)
             parsed = tiered_parser.parse(first or "")
             if isinstance(parsed, tiered_parser.SessionResume) and route.lane != "full":
                 err = self._error("unsupported_session_resume", "session.resume is served on the full lane only "

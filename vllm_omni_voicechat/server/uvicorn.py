@@ -148,11 +148,13 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
         self._needed = needed if pos < n else 2
 
     def limit_messages(self, max_bytes: int) -> None:
-        """Take no client message over ``max_bytes`` (only ever lowers the limit): a larger frame is refused while
-        its header arrives, before it is buffered, and websockets closes with 1009."""
+        """Take no client message over ``max_bytes`` from now on (never more than the server's ``ws_max_size``): a
+        larger frame is refused while its header arrives, before it is buffered, and websockets closes with 1009."""
         conn = self.conn
-        if conn.max_message_size is None or max_bytes < conn.max_message_size:
-            conn.max_message_size = max_bytes
+        if not hasattr(self, "_server_max_message_size"):
+            self._server_max_message_size = conn.max_message_size
+        ceiling = self._server_max_message_size
+        conn.max_message_size = max_bytes if ceiling is None else min(max_bytes, ceiling)
         self._frame_limit = _frame_limit(conn)  # what our framing hands to websockets to refuse
 
     def _hand_over(self, view: memoryview, pos: int) -> None:
@@ -263,8 +265,8 @@ def protocol_for(websocket: Any) -> AbortableWebSockets | None:
 
 
 def limit_messages(websocket: Any, max_bytes: int) -> bool:
-    """Lower the largest client message a Starlette WebSocket takes, where our protocol serves it (False elsewhere:
-    the host checks each message it is handed instead)."""
+    """Set the largest client message a Starlette WebSocket takes from now on, where our protocol serves it (False
+    elsewhere: the host checks each message it is handed instead)."""
     protocol = protocol_for(websocket)
     if protocol is None:
         return False

@@ -17,6 +17,10 @@ TIERED_MAX_MESSAGE_BYTES = 16 << 20
 """A tiered client message: uvicorn's default. The dialect answers a frame over 15 MiB (OpenAI's event limit) with
 ``event_too_large``, so the transport must take a little more than that."""
 
+FIRST_MESSAGE_MAX_BYTES = 1 << 20
+"""A tiered socket's first message when it must send one (``autostart=0``): a ``session.update`` or
+``session.resume``; a connection that has no session yet holds no more than this."""
+
 MAX_JSON_CONTAINERS = 10_000
 """Objects and arrays in one client message, counted as opening brackets (those inside strings count too: an upper
 bound). 128 tools with nested schemas are ~3,000; an audio append has 1-2."""
