@@ -192,6 +192,9 @@ def _hostile_round(url: str, k: int) -> None:
 def test_metrics_series_do_not_grow_with_what_clients_send():
     """Label values come only from the server's own vocabularies: rounds of sessions with unique client strings
     leave the set of /metrics series, and /v1/usage's counter keys, as they were after the first rounds."""
+    import gc
+
+    gc.collect()  # /metrics sums this process's live servers: earlier tests' ended servers must not vanish midway
     with running_app(ServerConfig.simulator(max_sessions=2)) as (url, _):
         for k in range(2):
             _hostile_round(url, k)

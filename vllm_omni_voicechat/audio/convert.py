@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
+from ..errors import VoicechatError
 from .frames import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE, zero_bytes
 from .g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
@@ -35,7 +36,7 @@ BYTES_PER_SAMPLE = {PCM16: 2, PCM_F32LE: 4, G711_ULAW: 1, G711_ALAW: 1}
 _EMPTY_F32 = np.zeros(0, dtype=np.float32)
 
 
-class AudioPayloadError(ValueError):
+class AudioPayloadError(VoicechatError, ValueError):
     """A chunk that is not a whole number of samples of its format."""
 
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from ..audio.frames import FRAME_SECONDS, INPUT_SAMPLE_RATE, SILENT_INPUT_FRAME
+from ..errors import VoicechatError
 from ..wire.tiered.routing import DUPLEX_PATH, REALTIME_PATH, VOICECHAT_PATH, UnknownRoute, select_route
 from .metrics import AUDIO_DELTA_TYPES, TurnMeter, TurnRecord
 
@@ -88,7 +89,7 @@ def slim(event: dict) -> dict:
     return event
 
 
-class SessionFailed(Exception):
+class SessionFailed(VoicechatError):
     """The session cannot go on (fatal error, close, timeout); the message says why."""
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..audio.frames import OUTPUT_SAMPLE_RATE
+from ..errors import VoicechatError
 from ..ids import SYSTEM_IDS, Ids
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ SOURCES = frozenset({"microphone", "typed"})
 Event = dict[str, Any]
 
 
-class V3ClientError(Exception):
+class V3ClientError(VoicechatError):
     """Base class of everything this client raises for protocol-level reasons."""
 
 

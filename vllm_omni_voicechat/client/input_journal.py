@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import VoicechatError
+
 DEFAULT_MAX_BYTES = 4 << 20
 """Audio retained for resending: ~2 min of 16 kHz PCM16, far more than a socket holds in flight at a drop."""
 
@@ -28,7 +30,7 @@ class SentAppend:
     """Audio bytes recorded before this append."""
 
 
-class InputGap(Exception):
+class InputGap(VoicechatError):
     """The session lacks audio the journal no longer holds (or never recorded): it cannot be sent again."""
 
 

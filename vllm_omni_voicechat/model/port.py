@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import VoicechatError
 from ..records import record
 
 
@@ -234,7 +235,7 @@ class StepResult:
     """Model telemetry for the turn trace (e.g. PAD-forcing and SOTC-latch counts and frame edges)."""
 
 
-class ModelError(RuntimeError):
+class ModelError(VoicechatError, RuntimeError):
     """A model failure: the session that saw it is over (fatal ``internal_error``)."""
 
 

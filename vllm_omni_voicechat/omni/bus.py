@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import VoicechatError
 from .alignment import AudioAligner
 
 
@@ -28,7 +29,7 @@ class Stage0Output:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-class ChannelFailure(RuntimeError):
+class ChannelFailure(VoicechatError, RuntimeError):
     """The engine reported a failure for this session, or the wait timed out."""
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..audio.frames import INPUT_FRAME_BYTES, INPUT_FRAME_SAMPLES
+from ..errors import VoicechatError
 from ..model.port import (
     AgentControl,
     AgentOutput,
@@ -33,7 +34,7 @@ VC_VERSION = 1
 TokenIds = Callable[[Sequence[str]], list[int]]
 
 
-class EnvelopeError(ValueError):
+class EnvelopeError(VoicechatError, ValueError):
     """A position envelope that does not match what the port sent (a protocol bug between port and plugin)."""
 
 

@@ -50,6 +50,7 @@ from vllm_omni.model_executor.models.nemotron_voicechat.duplex.plugin import (
 )
 from vllm_omni.model_executor.models.nemotron_voicechat.duplex.plugin import NemotronVoiceChatDuplexPlugin
 
+from ..errors import VoicechatError
 from ..model.port import SessionPrompt, ToolSpec
 from ..model.prompt import render_system_prompt
 from ..runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
@@ -116,7 +117,7 @@ def keep_latest_outputs() -> None:
         register_key_accumulation_strategy(key, TensorAccumulationStrategy.REPLACE)
 
 
-class VoiceChatRuntimeConfigError(DuplexRuntimeConfigError):
+class VoiceChatRuntimeConfigError(VoicechatError, DuplexRuntimeConfigError):
     """A client configuration our plugin rejects (reported with ``code``)."""
 
 

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import VoicechatError
 from ..runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
 from ..session.settlement import DEFAULT_FENCE
 from ..wire.tiered.routing import BARE_DEFAULTS
@@ -68,7 +69,7 @@ V3_TURNS = ("client", "legacy")
 """``voicechat.v3_turns``: client-owned v3 turns (production) or the diagnostic RNNT-owned legacy mode."""
 
 
-class VoicechatSettingsError(ValueError):
+class VoicechatSettingsError(VoicechatError, ValueError):
     pass
 
 

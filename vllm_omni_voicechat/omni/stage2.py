@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 
 from ..audio.frames import OUTPUT_SAMPLE_RATE
+from ..errors import VoicechatError
 
 AUDIO_KEYS = ("audio", "model_outputs", "latent")
 RATE_KEYS = ("sr", "sample_rate_hz", "sample_rate")
 
 
-class Stage2AudioError(ValueError):
+class Stage2AudioError(VoicechatError, ValueError):
     """Stage 2 produced audio this runtime cannot use (another sample rate, not numbers)."""
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 
 from ..audio.frames import FRAME_SECONDS
+from ..errors import VoicechatError
 from ..model.port import PositionControls, PositionInput, StepResult
 from ..records import record
 
@@ -95,7 +96,7 @@ class StepMetrics:
     """The model home's batching hold (``StepTimings.held_ms``)."""
 
 
-class PositionLimitReached(Exception):
+class PositionLimitReached(VoicechatError):
     def __init__(self, positions: int, limit: int) -> None:
         super().__init__(f"session position limit reached: {positions} of {limit}")
         self.positions = positions

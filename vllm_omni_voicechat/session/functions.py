@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..errors import VoicechatError
 from ..model.port import AgentControl, StepResult, ToolCall, ToolSpec
 from ..model.prompt import wrap_tool_result
 from ..runner.stage0 import PositionKind
@@ -92,7 +93,7 @@ class Cycle:
     deferred_bos: bool = False
 
 
-class OutputRejected(ValueError):
+class OutputRejected(VoicechatError, ValueError):
     def __init__(self, message: str, call_id: Any) -> None:
         super().__init__(message)
         self.message = message

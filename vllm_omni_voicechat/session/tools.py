@@ -14,6 +14,7 @@ import json
 import re
 from typing import Any
 
+from ..errors import VoicechatError
 from ..model.port import ToolSpec
 
 MAX_TOOLS = 32
@@ -22,7 +23,7 @@ MAX_TOOLS_BYTES = 64 << 10
 TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,127}$")
 
 
-class InvalidTools(ValueError):
+class InvalidTools(VoicechatError, ValueError):
     """The tool list is invalid; the message says why (sent as ``invalid_tools``)."""
 
 

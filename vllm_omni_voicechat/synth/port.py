@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from ..errors import VoicechatError
 
-class SynthesizerUnavailable(RuntimeError):
+
+class SynthesizerUnavailable(VoicechatError, RuntimeError):
     """The synthesizer (or its package or weights) cannot be used here."""
 
 

@@ -34,6 +34,7 @@ import json
 from collections import deque
 from typing import Any, Literal
 
+from ..errors import VoicechatError
 from ..wire.tiered.session_events import QUEUE_EVENTS
 from .rejections import (
     BINARY,
@@ -91,7 +92,7 @@ def _closer(type_: str) -> bool:
                          "input_text.injection_finished"))
 
 
-class TraceViolation(AssertionError):
+class TraceViolation(VoicechatError, AssertionError):
     pass
 
 

@@ -26,6 +26,7 @@ from ...audio.convert import (
     PcmEncoder,
 )
 from ...audio.frames import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+from ...errors import VoicechatError
 
 __all__ = [
     "CORE_SAMPLE_RATE",
@@ -71,7 +72,7 @@ for _canon, _names in {
 del _canon, _names, _n
 
 
-class AudioFormatError(ValueError):
+class AudioFormatError(VoicechatError, ValueError):
     """A bad audio format, rate or payload. ``code`` is the wire error code to answer with."""
 
     def __init__(self, message: str, code: str = "unsupported_audio_format", param: str | None = None) -> None:

@@ -6,10 +6,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ...errors import VoicechatError
 from .audio import check_sample_rate, resolve_format
 
 
-class FieldRejected(Exception):
+class FieldRejected(VoicechatError):
     """A field the reader refuses: the wire ``code`` to answer with, the message and the offending ``param``."""
 
     def __init__(self, code: str, message: str, param: str | None = None) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ...errors import VoicechatError
 from ...ids import SYSTEM_IDS, Ids
 from ..transport import compact_json
 
@@ -58,7 +59,7 @@ class ReplayConflict:
     head: int
 
 
-class InvalidAck(ValueError):
+class InvalidAck(VoicechatError, ValueError):
     code = "invalid_event_ack"
 
 

@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from ...errors import VoicechatError
+
 __all__ = [
     "BARE_DEFAULTS",
     "DUPLEX_OFF_ANSWER",
@@ -72,7 +74,7 @@ _TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 _FALSE_VALUES = frozenset({"0", "false", "no", "off"})
 
 
-class UnknownRoute(ValueError):
+class UnknownRoute(VoicechatError, ValueError):
     """The path is none of the routed WebSocket paths."""
 
 

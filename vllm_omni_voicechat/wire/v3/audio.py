@@ -8,10 +8,11 @@ from typing import Any
 import pybase64
 
 from ...audio.frames import INPUT_SAMPLE_RATE
+from ...errors import VoicechatError
 from .schema import MAX_APPEND_BYTES
 
 
-class AudioRejected(ValueError):
+class AudioRejected(VoicechatError, ValueError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
