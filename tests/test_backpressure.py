@@ -358,3 +358,33 @@ def test_v3_reader_that_stopped_with_room_left_fails_at_the_stall_timeout():
         assert sid not in app.sessions
         assert app.usage.ended[("v3", "output_backpressure")] == 1
         stalled.close()
+
+
+def test_tiered_reader_that_stopped_with_room_left_is_detached_at_the_stall_timeout():
+    """The tiered policy for the same stall: the socket is detached (resumable within the grace), not the session
+    failed, and without the bounds having tripped."""
+    behaviours = itertools.chain([SimBehaviour(endless_response=True, prefill_delay_s=0.02)],
+                                 itertools.repeat(SimBehaviour(prefill_delay_s=0.02)))
+    cfg = ServerConfig(model_factory=lambda: SimulatorModel(next(behaviours)), settlement_blank_frames=3,
+                       outbound_stall_timeout_s=1.0, outbound_close_timeout_s=0.5, disconnect_grace_s=30.0)
+    with running_app(cfg) as (url, app):
+        stalled = StalledClient(url + "/v1/duplex?model=sim")
+        created = stalled.recv_type("session.created")
+        sid = created["session"]["id"]
+        shrink_server_send_buffer(app, sid)
+        pcm = render_speech("tell me a story") + SILENCE_1S
+        stalled.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        stalled.send({"type": "input_audio_buffer.commit"})
+        stalled.recv_type("response.created")  # and never reads again
+        wait_until(lambda: app.tiered[sid].detached_overflows == 1)
+        att = app.tiered[sid]
+        assert att.socket is None and att.protocol.detached_at is not None  # detached, alive within the grace
+        assert att.peak_outbound_bytes < cfg.max_outbound_bytes  # the time, not the bytes, tripped it
+        stalled.close()
+        resumed = RawClient(url + "/v1/duplex")
+        resumed.send({"type": "session.resume", "session_id": sid, "resume_token": created["resume_token"],
+                      "last_received_server_event_seq": 0})
+        assert resumed.recv()["type"] == "session.resumed"
+        resumed.send({"type": "session.close"})
+        resumed.recv_until(lambda e: e["type"] == "session.closed")
+        resumed.close()
