@@ -440,8 +440,8 @@ class VoicechatServer:
         The session's ``slot`` is freed once the session has ended and its model is released, before its socket's
         close handshake: a client that has seen the close can open its next session at once."""
         cfg = self.config
-        att = Attachment(protocol, cfg, fail_on_overflow=dialect == "v3",
-                         max_message_bytes=cfg.v3_max_message_bytes if dialect == "v3" else cfg.tiered_max_message_bytes)
+        largest = cfg.v3_max_message_bytes if dialect == "v3" else cfg.tiered_max_message_bytes
+        att = Attachment(protocol, cfg, fail_on_overflow=dialect == "v3", max_message_bytes=largest)
         first_outbox = att.attach(websocket)
         for item in protocol.start(time.monotonic()):
             att.sink(item)
