@@ -80,7 +80,7 @@ def wait_until(predicate, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.01)
+        time.sleep(0.01)  # ok: polling the server thread's state (an awaited condition)
 
 
 def padded(event: dict, size: int) -> str:

@@ -42,7 +42,7 @@ def session_parts(app, timeout: float = 10.0) -> dict[str, weakref.ref]:
     deadline = time.monotonic() + timeout
     while not app.attachments:
         assert time.monotonic() < deadline, "no session was hosted"
-        time.sleep(0.01)
+        time.sleep(0.01)  # ok: polling for the session to be hosted (an awaited condition)
     (att,) = app.attachments.values()
     shell = att.shell
     parts = {"attachment": att, "shell": shell, "wire session": shell.core, "core": shell.core.core,
@@ -56,7 +56,7 @@ def wait_freed(refs: dict[str, weakref.ref], timeout: float = 10.0) -> None:
     while alive := [name for name, ref in refs.items() if ref() is not None]:
         if time.monotonic() > deadline:
             pytest.fail(f"still alive with the collector off: {alive}")
-        time.sleep(0.01)
+        time.sleep(0.01)  # ok: polling for the handler's return (an awaited condition)
 
 
 def v3_append(pcm: bytes, event_id: str) -> dict:
