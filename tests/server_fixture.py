@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import socket
+import struct
 from collections.abc import Iterator
 from dataclasses import replace
+from urllib.parse import urlsplit
 
 from websockets.sync.client import ClientConnection, connect
 
@@ -100,3 +103,86 @@ class RawClient:
 
     def close(self) -> None:
         self.ws.close()
+
+
+class SocketClient:
+    """A WebSocket client on a bare socket: reads only when asked, sends any frame (or only a frame's header).
+
+    For what a library client will not do: never read its socket (a stalled reader) or announce a payload it
+    never sends."""
+
+    def __init__(self, url: str, *, rcvbuf: int | None = None, timeout: float = 10.0) -> None:
+        parts = urlsplit(url)
+        self.sock = socket.socket()
+        if rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(timeout)
+        self.sock.connect((parts.hostname, parts.port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                          .encode())
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += self._exact(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def _exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return buf
+
+    @staticmethod
+    def _header(length: int) -> bytes:
+        """A masked text frame's header (the mask key not included)."""
+        if length < 126:
+            return struct.pack("!BB", 0x81, 0x80 | length)
+        if length < 1 << 16:
+            return struct.pack("!BBH", 0x81, 0x80 | 126, length)
+        return struct.pack("!BBQ", 0x81, 0x80 | 127, length)
+
+    def send(self, event: dict | str) -> None:
+        data = (event if isinstance(event, str) else json.dumps(event)).encode()
+        n = len(data)
+        mask = os.urandom(4)
+        key = int.from_bytes((mask * (n // 4 + 1))[:n] or b"\0", "big")
+        masked = (int.from_bytes(data or b"\0", "big") ^ key).to_bytes(max(n, 1), "big")[:n]
+        self.sock.sendall(self._header(n) + mask + masked)
+
+    def send_header(self, length: int) -> None:
+        """A text frame's header announcing ``length`` bytes, and no payload."""
+        self.sock.sendall(self._header(length) + os.urandom(4))
+
+    def recv_frame(self) -> tuple[int, bytes]:
+        """The next frame: its opcode and payload."""
+        b0, b1 = self._exact(2)
+        n = b1 & 0x7F
+        if n == 126:
+            n = struct.unpack("!H", self._exact(2))[0]
+        elif n == 127:
+            n = struct.unpack("!Q", self._exact(8))[0]
+        return b0 & 0x0F, self._exact(n)
+
+    def recv(self) -> dict:
+        """The next event; a close frame reads as ``{"type": "<close>", "code": ...}``."""
+        opcode, payload = self.recv_frame()
+        if opcode == 8:
+            return {"type": "<close>", "code": struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None}
+        return json.loads(payload)
+
+    def recv_type(self, type_: str) -> dict:
+        while (e := self.recv())["type"] != type_:
+            pass
+        return e
+
+    def close_code(self) -> int | None:
+        """Receive until the close frame; its code."""
+        return self.recv_type("<close>")["code"]
+
+    def close(self) -> None:
+        self.sock.close()

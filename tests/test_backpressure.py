@@ -12,11 +12,8 @@ import asyncio
 import base64
 import itertools
 import json
-import os
 import socket
-import struct
 import time
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -28,74 +25,16 @@ from vllm_omni_voicechat.shell.aio import SessionShell
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
 from vllm_omni_voicechat.wire.transport import refused_event_id
 
-from .server_fixture import RawClient, running_app
+from .server_fixture import RawClient, SocketClient, running_app
 from .test_tiered_server import GatedModel
 
 BOUND_EVENTS = 1024
 BOUND_BYTES = 192 << 10  # ~3 s of the endless response's events: the bytes bound trips first
 
 
-class StalledClient:
-    """A raw WebSocket client: reads only when asked (``recv``); otherwise its socket is never read."""
-
-    def __init__(self, url: str, rcvbuf: int = 4096) -> None:
-        parts = urlsplit(url)
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.settimeout(10)
-        self.sock.connect((parts.hostname, parts.port))
-        key = base64.b64encode(os.urandom(16)).decode()
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
-                          .encode())
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            head += self._exact(1)
-        assert head.startswith(b"HTTP/1.1 101"), head
-
-    def _exact(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return buf
-
-    def send(self, event: dict | str) -> None:
-        data = (event if isinstance(event, str) else json.dumps(event)).encode()
-        n = len(data)
-        if n < 126:
-            header = struct.pack("!BB", 0x81, 0x80 | n)
-        elif n < 1 << 16:
-            header = struct.pack("!BBH", 0x81, 0x80 | 126, n)
-        else:
-            header = struct.pack("!BBQ", 0x81, 0x80 | 127, n)
-        mask = os.urandom(4)
-        key = int.from_bytes((mask * (n // 4 + 1))[:n] or b"\0", "big")
-        masked = (int.from_bytes(data or b"\0", "big") ^ key).to_bytes(max(n, 1), "big")[:n]
-        self.sock.sendall(header + mask + masked)
-
-    def recv(self) -> dict:
-        b0, b1 = self._exact(2)
-        n = b1 & 0x7F
-        if n == 126:
-            n = struct.unpack("!H", self._exact(2))[0]
-        elif n == 127:
-            n = struct.unpack("!Q", self._exact(8))[0]
-        payload = self._exact(n)
-        if b0 & 0x0F == 8:
-            return {"type": "<close>", "code": struct.unpack("!H", payload[:2])[0] if n >= 2 else None}
-        return json.loads(payload)
-
-    def recv_type(self, type_: str) -> dict:
-        while (e := self.recv())["type"] != type_:
-            pass
-        return e
-
-    def close(self) -> None:
-        self.sock.close()
+def StalledClient(url: str) -> SocketClient:
+    """A raw WebSocket client with a small receive buffer: its socket is read only when the test asks."""
+    return SocketClient(url, rcvbuf=4096)
 
 
 def append(pcm: bytes, event_id: str = "a") -> dict:

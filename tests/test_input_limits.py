@@ -4,13 +4,9 @@ not; a message with too many JSON objects and arrays is refused undecoded with a
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import socket
-import struct
 import time
-from urllib.parse import urlsplit
 
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.server.inprocess import InProcessServer
@@ -21,58 +17,10 @@ from vllm_omni_voicechat.wire.limits import (
     V3_MAX_MESSAGE_BYTES,
 )
 
-from .server_fixture import RawClient, running_app
+from .server_fixture import RawClient, SocketClient, running_app
 
 V3_UPDATE = {"type": "session.update", "event_id": "u1",
              "session": {"protocol_version": 3, "instructions": "Be brief."}}
-
-
-class RawSocket:
-    """A WebSocket client on a bare socket: sends any frame header (or none of its payload)."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        self.sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
-                          .encode())
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            head += self._exact(1)
-        assert head.startswith(b"HTTP/1.1 101"), head
-
-    def _exact(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return buf
-
-    def send_header(self, length: int) -> None:
-        """A masked text frame's header announcing ``length`` bytes, and no payload."""
-        self.sock.sendall(struct.pack("!BBQ", 0x81, 0x80 | 127, length) + os.urandom(4))
-
-    def recv(self) -> tuple[int, bytes]:
-        b0, b1 = self._exact(2)
-        n = b1 & 0x7F
-        if n == 126:
-            n = struct.unpack("!H", self._exact(2))[0]
-        elif n == 127:
-            n = struct.unpack("!Q", self._exact(8))[0]
-        return b0 & 0x0F, self._exact(n)
-
-    def close_code(self) -> int:
-        """Receive until the close frame; its code."""
-        while True:
-            opcode, payload = self.recv()
-            if opcode == 8:
-                return struct.unpack("!H", payload[:2])[0]
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def wait_until(predicate, timeout: float = 10.0) -> None:
@@ -98,8 +46,8 @@ def bomb(containers: int) -> str:
 
 def test_v3_message_over_its_size_is_refused_at_its_header_with_1009_and_frees_the_slot():
     with running_app(ServerConfig(max_sessions=1)) as (url, app):
-        raw = RawSocket(url + "/v1/voicechat")
-        opcode, payload = raw.recv()
+        raw = SocketClient(url + "/v1/voicechat")
+        opcode, payload = raw.recv_frame()
         assert opcode == 1 and json.loads(payload)["type"] == "session.created"
         raw.send_header(V3_MAX_MESSAGE_BYTES + 1)  # the payload never comes: refused before it is buffered
         assert raw.close_code() == 1009
@@ -137,7 +85,7 @@ def test_v3_message_over_its_size_closes_with_1009_where_our_protocol_does_not_s
 
 def test_tiered_message_over_its_size_is_refused_at_its_header_with_1009():
     with running_app(ServerConfig()) as (url, _):
-        raw = RawSocket(url + "/v1/duplex?autostart=1")
+        raw = SocketClient(url + "/v1/duplex?autostart=1")
         raw.send_header(TIERED_MAX_MESSAGE_BYTES + 1)
         assert raw.close_code() == 1009
         raw.close()
@@ -159,10 +107,20 @@ def test_tiered_message_over_15_mib_gets_event_too_large_and_the_session_goes_on
 # ---------------------------------------------------------------------------------------------------- complexity
 
 
+def configured_client(url: str, path: str) -> RawClient:
+    """A client of the dialect at ``path`` whose session is configured and answering."""
+    c = RawClient(url + path)
+    if path == "/v1/voicechat":
+        c.recv_type("session.created")
+        return c
+    c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+    c.recv_type("session.updated")
+    return c
+
+
 def test_v3_json_with_too_many_containers_is_refused_undecoded_and_the_session_goes_on():
     with running_app(ServerConfig()) as (url, _):
-        c = RawClient(url + "/v1/voicechat")
-        c.recv_type("session.created")
+        c = configured_client(url, "/v1/voicechat")
         c.send(bomb(MAX_JSON_CONTAINERS + 1))
         error = c.recv_type("error")["error"]
         assert error == {"code": "event_too_large", "fatal": False,
@@ -178,9 +136,7 @@ def test_v3_json_with_too_many_containers_is_refused_undecoded_and_the_session_g
 
 def test_tiered_json_with_too_many_containers_is_refused_undecoded_and_the_session_goes_on():
     with running_app(ServerConfig()) as (url, _):
-        c = RawClient(url + "/v1/duplex")
-        c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
-        c.recv_type("session.updated")
+        c = configured_client(url, "/v1/duplex")
         c.send(bomb(MAX_JSON_CONTAINERS + 1))
         error = c.recv_type("error")["error"]
         assert error["code"] == "event_too_large" and error["type"] == "invalid_request_error"
@@ -339,7 +295,7 @@ def test_a_tiered_socket_waiting_for_its_first_message_takes_1_mib_then_the_dial
     from vllm_omni_voicechat.wire.limits import FIRST_MESSAGE_MAX_BYTES
 
     with running_app(ServerConfig()) as (url, _):
-        raw = RawSocket(url + "/v1/duplex?autostart=0")
+        raw = SocketClient(url + "/v1/duplex?autostart=0")
         raw.send_header(FIRST_MESSAGE_MAX_BYTES + 1)  # no session yet: refused from the header
         assert raw.close_code() == 1009
         raw.close()

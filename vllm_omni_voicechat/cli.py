@@ -66,12 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tiered-max-message-bytes", type=int, default=TIERED_MAX_MESSAGE_BYTES, metavar="N",
                        help="the largest tiered client message; a larger one closes the socket with 1009 (default "
                             "16 MiB; over 15 MiB the dialect answers event_too_large)")
-    serve.add_argument("--v3-configure-timeout-s", type=_seconds_or_off, default=V3_CONFIGURE_TIMEOUT_S, metavar="T",
-                       help="end a v3 session with no session.update T seconds after session.created (0: never; "
-                            "default 30)")
-    serve.add_argument("--v3-idle-timeout-s", type=_seconds_or_off, default=V3_IDLE_TIMEOUT_S, metavar="T",
-                       help="end a v3 session whose client sends nothing for T seconds while the model listens (0: "
-                            "never; default 300)")
+    for flag, default, what in (
+        ("--v3-configure-timeout-s", V3_CONFIGURE_TIMEOUT_S,
+         "end a v3 session with no session.update T seconds after session.created"),
+        ("--v3-idle-timeout-s", V3_IDLE_TIMEOUT_S,
+         "end a v3 session whose client sends nothing for T seconds while the model listens"),
+    ):
+        serve.add_argument(flag, type=_seconds_or_off, default=default, metavar="T",
+                           help=f"{what} (0: never; default {default:g})")
     serve.add_argument("--request-head-timeout-s", type=float, default=None, metavar="T",
                        help="close a connection whose first request head has not arrived T seconds after its accept "
                             "(default 10)")

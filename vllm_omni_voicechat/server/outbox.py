@@ -189,18 +189,21 @@ class Outbox:
 
     async def _until_written(self, waiting: Any) -> None:
         """Await a write (or the transport's room for one); if it takes nothing for ``stall_timeout_s``, the reader
-        has stopped: the overflow policy runs once, and the wait goes on (a close or an abort ends it)."""
-        task = asyncio.ensure_future(waiting)
+        has stopped: the overflow policy runs once, and the wait goes on (a close or an abort ends it). A timer, not
+        a task around the write: the write is awaited in place (a task per event cost ~16 us, a timer ~2)."""
+        if self.stall_timeout_s is None or self.overflowed:
+            await waiting
+            return
+        timer = asyncio.get_running_loop().call_later(self.stall_timeout_s, self._stalled)
         try:
-            if self.stall_timeout_s is not None and not self.overflowed:
-                done, _ = await asyncio.wait({task}, timeout=self.stall_timeout_s)
-                if not done and not self.overflowed:
-                    self.stalled = self.overflowed = True
-                    self._on_overflow()
-            await task
+            await waiting
         finally:
-            if not task.done():
-                task.cancel()
+            timer.cancel()
+
+    def _stalled(self) -> None:
+        if not self.overflowed:
+            self.stalled = self.overflowed = True
+            self._on_overflow()
 
     def _lost(self) -> None:
         self.gone = True
