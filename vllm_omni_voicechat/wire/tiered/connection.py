@@ -30,7 +30,8 @@ from ...session.commands import (
     SubmitFunctionOutput,
 )
 from ...session.core import SessionCore, Tick
-from ..transport import CloseTransport, Outbound, compact_json, refused_event_id
+from ..session import WireSession
+from ..transport import CloseTransport, Outbound, compact_json
 from . import parser as p
 from . import session_events as se
 from .audio import InputConverter
@@ -76,14 +77,11 @@ class ResumeOutcome:
 TieredOutput = Outbound | ev.Effect | CloseTransport
 
 
-class TieredSession:
+class TieredSession(WireSession):
     def __init__(self, core: SessionCore, options: TieredOptions | None = None, *,
                  tally: SessionTally | None = None) -> None:
-        self.core = core
-        self.tally = tally
-        """Counts what the session does (``ops/tally.py``), fed every core output with its ``now``."""
+        super().__init__(core, tally)
         self.options = o = options or TieredOptions()
-        self.session_id = core.session_id
         self.lane = o.lane
         self.tier3 = o.lane == "full"
         self.settings: SessionSettings = default_settings(o.lane, model=o.model, instructions=o.default_instructions)  # type: ignore[arg-type]
@@ -198,34 +196,7 @@ class TieredSession:
     def complete(self, position: Position, result: StepResult, now: float) -> list[TieredOutput]:
         if position.transport_frame is not None:  # speech events are stamped with the audio the model has heard
             self.projector.heard((position.transport_frame + 1) * 80)
-        return self._project(self.core.complete(position, result, now), now)
-
-    def fail(self, position: Position, error: BaseException, now: float) -> list[TieredOutput]:
-        return self._project(self.core.fail(position, error, now), now)
-
-    def prefilled(self, now: float) -> list[TieredOutput]:
-        return self._project(self.core.prefilled(now), now)
-
-    def prefill_failed(self, error: BaseException, now: float) -> list[TieredOutput]:
-        return self._project(self.core.prefill_failed(error, now), now)
-
-    def synthesis_done(self, job_id: str, pcm16: bytes, now: float) -> list[TieredOutput]:
-        return self._project(self.core.synthesis_done(job_id, pcm16, now), now)
-
-    def synthesis_failed(self, job_id: str, error: BaseException, now: float) -> list[TieredOutput]:
-        return self._project(self.core.synthesis_failed(job_id, error, now), now)
-
-    def disconnect(self, now: float) -> list[TieredOutput]:
-        return self.core.disconnect(now)  # type: ignore[return-value]
-
-    def poisoned(self, failure: str, now: float) -> list[TieredOutput]:
-        return self._project(self.core.abort_session("model_cleanup_failed", failure, now), now)
-
-    held_messages = 0
-    """Frames are never held here (input before the first prefill waits as commands in the input buffer)."""
-
-    def refusal_id(self, message: str | bytes) -> Any:
-        return refused_event_id(message)
+        return super().complete(position, result, now)
 
     def refuse(self, event_id: Any, now: float) -> list[TieredOutput]:
         """The host's inbox was full: this frame was not read (stamped and journaled like any server event)."""

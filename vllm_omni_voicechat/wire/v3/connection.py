@@ -12,9 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...model.port import SessionPrompt, StepResult
+from ...model.port import SessionPrompt
 from ...ops.tally import SessionTally
-from ...runner.stage0 import Position
 from ...session import events as ev
 from ...session.commands import (
     AppendAudio,
@@ -34,9 +33,9 @@ from ..transport import (
     Outbound,
     close_reason,
     compact_json,
-    refused_event_id,
     server_json,
 )
+from ..session import WireSession
 from .audio import AudioRejected, decode_append
 from .project import V3Projector, WireEvent
 from .schema import (
@@ -86,16 +85,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class V3Session:
+class V3Session(WireSession):
     def __init__(self, core: SessionCore, options: V3Options | None = None, *,
                  tally: SessionTally | None = None) -> None:
-        self.core = core
-        self.tally = tally
-        """Counts what the session does (``ops/tally.py``), fed every core output with its ``now``."""
+        super().__init__(core, tally)
         self.options = options = options or V3Options()
         if options.legacy_turns != core.model_turns:
             raise ValueError("legacy v3 turns need a core with turn_policy='model' (and only they do)")
-        self.session_id = core.session_id
         self.capabilities = capabilities(
             typed_input=core.config.typed_input_ready,
             max_session_model_frames=core.config.max_session_model_frames,
@@ -119,14 +115,7 @@ class V3Session:
         self._started_at = 0.0
         self._last_message_at = 0.0
 
-    resumable = False
-    """A v3 session ends with its socket."""
-
     # ================================================================ driving interface
-
-    @property
-    def closed(self) -> bool:
-        return self.core.closed
 
     def start(self, now: float) -> list[V3Output]:
         """The greeting: ``session.created`` is the first event of every admitted connection."""
@@ -139,10 +128,6 @@ class V3Session:
                 session=created_session(self.session_id, self.options.checkpoint),
             ))
         ]
-
-    def poisoned(self, failure: str, now: float) -> list[V3Output]:
-        """The previous session's model cleanup failed: this session fails before it starts."""
-        return self._project(self.core.abort_session("model_cleanup_failed", failure, now), now)
 
     @property
     def held_messages(self) -> int:
@@ -167,6 +152,10 @@ class V3Session:
             self._held.append(message)
             return []
         return self._receive(message, now)
+
+    def _settle(self, outputs: list[ev.Output], now: float) -> list[V3Output]:
+        """A completion may finish the barrier that held frames: they are handed on after its outputs."""
+        return self._release(self._project(outputs, now), now)
 
     def _release(self, wire: list[V3Output], now: float) -> list[V3Output]:
         """Hand the held frames on, in order, while no barrier is unfinished."""
@@ -235,30 +224,6 @@ class V3Session:
             return ("session_configure_timeout",
                     f"no session.update within {self.options.configure_timeout_s:g} s of session.created")
         return ("session_idle_timeout", f"no client event for {self.options.idle_timeout_s:g} s while idle")
-
-    def complete(self, position: Position, result: StepResult, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.complete(position, result, now), now), now)
-
-    def fail(self, position: Position, error: BaseException, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.fail(position, error, now), now), now)
-
-    def prefilled(self, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.prefilled(now), now), now)
-
-    def prefill_failed(self, error: BaseException, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.prefill_failed(error, now), now), now)
-
-    def synthesis_done(self, job_id: str, pcm16: bytes, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.synthesis_done(job_id, pcm16, now), now), now)
-
-    def synthesis_failed(self, job_id: str, error: BaseException, now: float) -> list[V3Output]:
-        return self._release(self._project(self.core.synthesis_failed(job_id, error, now), now), now)
-
-    def disconnect(self, now: float) -> list[V3Output]:
-        return self.core.disconnect(now)  # type: ignore[return-value]  # effects only: nothing is published
-
-    def refusal_id(self, message: str | bytes) -> Any:
-        return refused_event_id(message)
 
     def refuse(self, event_id: Any, now: float) -> list[V3Output]:
         """The host's inbox was full: this frame was not read (answered in its place behind held frames)."""
