@@ -26,6 +26,7 @@ import pytest
 from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.server import ServerConfig
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
+from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 
 from .server_fixture import RawClient, running_app
 
@@ -885,18 +886,35 @@ def test_commit_without_an_open_turn_is_fatal_input_turn_conflict(server, after_
     assert_fatal_close(c, CLOSE_PROTOCOL, session_closed=None)
 
 
-def test_turn_start_during_a_typed_job_is_fatal_input_turn_conflict(server):
-    c = configured(server)
-    c.send(typed("job-1", "Tell me something long enough to keep the job running"))
-    c.send(turn_start(1, "start-1"))
-    events = c.until(lambda e: e["type"] == "error")
-    assert events[0]["type"] == "input_text.accepted"
-    assert "input_audio_buffer.turn_started" not in [e["type"] for e in events]
-    err = events[-1]
-    assert_error(err, c.session_id, "input_turn_conflict", fatal=True, client_event_id="start-1")
-    assert err["error"].get("client_turn_id", 1) == 1
-    assert_model_aborted(server)
-    assert_fatal_close(c, CLOSE_PROTOCOL, session_closed=None)
+class _HeldSynthesizer(SimulatorSynthesizer):
+    """Synthesizes only once the test releases it: the typed job stays active however slowly the test runs."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def synthesize(self, text: str) -> bytes:
+        assert self.release.wait(30), "the test never released the synthesizer"
+        return super().synthesize(text)
+
+
+def test_turn_start_during_a_typed_job_is_fatal_input_turn_conflict():
+    synthesizer = _HeldSynthesizer()
+    try:
+        with serve(sim_config(synthesizer=synthesizer)) as srv:
+            c = configured(srv)
+            c.send(typed("job-1", "Tell me something"))
+            c.send(turn_start(1, "start-1"))
+            events = c.until(lambda e: e["type"] == "error")
+            assert events[0]["type"] == "input_text.accepted"
+            assert "input_audio_buffer.turn_started" not in [e["type"] for e in events]
+            err = events[-1]
+            assert_error(err, c.session_id, "input_turn_conflict", fatal=True, client_event_id="start-1")
+            assert err["error"].get("client_turn_id", 1) == 1
+            assert_model_aborted(srv)
+            assert_fatal_close(c, CLOSE_PROTOCOL, session_closed=None)
+            synthesizer.release.set()  # the ended session's synthesis may finish now (the server waits for it)
+    finally:
+        synthesizer.release.set()
 
 
 # ================================================================ typed input rejections (§9)
