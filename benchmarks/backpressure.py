@@ -175,9 +175,9 @@ def stall(server: Any, url: str, shrink: bool, created: threading.Event) -> dict
     sid = c.recv_until("session.created")["session_id"]
     created.set()
     if shrink:
-        while app.outbox(sid) is None:
+        while app.host.outbox(sid) is None:
             time.sleep(0.005)
-        asgi_transport(app.outbox(sid).websocket).get_extra_info("socket").setsockopt(
+        asgi_transport(app.host.outbox(sid).websocket).get_extra_info("socket").setsockopt(
             socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     c.send(UPDATE)
     c.recv_until("session.updated")
@@ -185,9 +185,9 @@ def stall(server: Any, url: str, shrink: bool, created: threading.Event) -> dict
     c.send(append(render_speech("tell me a story")))
     c.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1", "client_turn_id": 1}))
     started = time.monotonic()
-    while not any(s["session_id"] == sid for s in list(app.backpressure)):
+    while not any(s["session_id"] == sid for s in list(app.host.backpressure)):
         time.sleep(0.01)
-    stats = next(s for s in app.backpressure if s["session_id"] == sid)
+    stats = next(s for s in app.host.backpressure if s["session_id"] == sid)
     c.sock.close()
     return {**stats, "seconds_to_overflow": round(time.monotonic() - started, 3)}
 
@@ -213,7 +213,7 @@ async def flood(url: str, app: Any, n: int, created: asyncio.Event) -> dict:
             if e["type"] == "error" and str(e["error"].get("client_event_id", "")).startswith("f"):
                 answered += 1
                 codes[e["error"]["code"]] = codes.get(e["error"]["code"], 0) + 1
-        shell = app.sessions[sid]
+        shell = app.live[sid].shell
         return {"sent": n, "answered": answered, "by_code": codes, "seconds": round(time.monotonic() - started, 3),
                 "peak_inbox_messages": shell.peak_inbox_messages, "peak_inbox_bytes": shell.peak_inbox_bytes,
                 "max_inbox_messages": shell.max_inbox_messages}

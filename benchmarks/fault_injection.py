@@ -178,7 +178,7 @@ class Trial:
             self.replay_latency_s = time.monotonic() - (self.resume_at or time.monotonic())  # nothing to replay
 
     def resume_sent(self, request: dict) -> None:
-        att = self.app.tiered.get(request.get("session_id"))
+        att = self.app.live.resumable(request.get("session_id"))
         journal = att.protocol.journal if att is not None else None
         self.resume_at = time.monotonic()
         self.resume_head = journal.head if journal is not None else 0
@@ -266,7 +266,7 @@ def response_audio(trial: Trial, response_id: str) -> bytes:
 
 def accepted_input_bytes(trial: Trial) -> int | None:
     """The audio bytes the in-process server's session has taken in (docs/tiered-dialect.md §6.5)."""
-    att = trial.app.tiered.get(trial.session_id)
+    att = trial.app.live.resumable(trial.session_id)
     return None if att is None else att.protocol.input_buffer.accepted_bytes
 
 

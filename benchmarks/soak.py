@@ -138,7 +138,7 @@ def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
                           "model_threads": sum(n.startswith("voicechat-model") for n in names),
                           "pool_threads": sum(n.startswith(("voicechat-model", "asyncio_", "uvloop_")) for n in names),
                           "fds": len(os.listdir("/proc/self/fd")),
-                          "sessions": len(app.sessions), "active": app.admission.active, **totals,
+                          "sessions": len(app.live), "active": app.admission.active, **totals,
                           "gc": pauses.take()}), flush=True)
     from vllm_omni_voicechat.session.core import SessionCore
 
@@ -151,7 +151,7 @@ def serve_child(sample_s: float, trace: bool, grace_s: float) -> None:
                       "threads_at_end": thread_names,
                       "sockets_traced": len(checkers), "trace_violations": violations[:50],
                       "trace_violation_count": len(violations), "backpressure_overflows":
-                      sum(s["outbound_overflows"] for s in app.backpressure)}), flush=True)
+                      sum(s["outbound_overflows"] for s in app.host.backpressure)}), flush=True)
 
 
 

@@ -81,17 +81,17 @@ def flood_until_refused(client: RawClient, shell, model: GatedModel, flood: list
 def shrink_server_send_buffer(app, session_id: str) -> None:
     """Pin the server-side socket's kernel send buffer small (no autotuning to MiBs), so the server's own bound
     is what a stalled reader meets within a second or two."""
-    outbox = wait_until(lambda: app.outbox(session_id))
+    outbox = wait_until(lambda: app.host.outbox(session_id))
     transport = asgi_transport(outbox.websocket)
     transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
 
 
 def stats_of(app, session_id: str) -> dict | None:
-    return next((s for s in list(app.backpressure) if s["session_id"] == session_id), None)
+    return next((s for s in list(app.host.backpressure) if s["session_id"] == session_id), None)
 
 
 def stalled_and_blocked(app, session_id: str) -> bool:
-    outbox = app.outbox(session_id)
+    outbox = app.host.outbox(session_id)
     return outbox is not None and outbox.queued_events >= 2  # the writer is stuck on the first one
 
 
@@ -131,7 +131,7 @@ def test_v3_stalled_reader_fails_its_session_while_another_session_answers():
         stats = wait_until(lambda: stats_of(app, sid))
         assert stats["outbound_overflows"] == 1
         assert stats["peak_outbound_events"] <= BOUND_EVENTS and stats["peak_outbound_bytes"] <= BOUND_BYTES
-        assert sid not in app.sessions and app.admission.active == 1
+        assert sid not in app.live and app.admission.active == 1
         with pytest.raises(OSError):  # the aborted connection: reset, or EOF after what the kernel had buffered
             while True:
                 event = stalled.recv()
@@ -157,8 +157,8 @@ def test_tiered_stalled_reader_is_detached_and_resumes_from_the_journal():
             last_seen = e.get("server_event_seq", last_seen)
         last_seen = e["server_event_seq"]
         # The client stops reading now; the endless response backs up until the bound detaches the socket.
-        wait_until(lambda: app.tiered[sid].detached_overflows == 1)
-        att = app.tiered[sid]
+        wait_until(lambda: app.live[sid].attachment.detached_overflows == 1)
+        att = app.live[sid].attachment
         assert att.socket is None and att.protocol.detached_at is not None  # detached, alive within the grace
         assert att.peak_outbound_events <= BOUND_EVENTS and att.peak_outbound_bytes <= BOUND_BYTES
         stalled.close()
@@ -188,7 +188,7 @@ def test_v3_input_flood_is_refused_with_typed_errors_in_order_and_the_session_st
         for i in range(0, len(pcm), 40_960):
             c.send(append(pcm[i:i + 40_960]))
         flood = [f"f{i}" for i in range(300)]
-        flood_until_refused(c, app.sessions[sid], model, flood)
+        flood_until_refused(c, app.live[sid].shell, model, flood)
         errors = c.recv_until(lambda e: e["type"] == "error" and e["error"]["client_event_id"] == flood[-1])
         errors = [e["error"] for e in errors if e["type"] == "error"]
         assert [e["client_event_id"] for e in errors] == flood  # every one answered once, in order
@@ -197,7 +197,7 @@ def test_v3_input_flood_is_refused_with_typed_errors_in_order_and_the_session_st
                                      "fatal": False, "client_event_id": e["client_event_id"], "limit": 8}
                                for e in refused)
         assert {e["code"] for e in errors} == {"unsupported_event", "input_backpressure"}
-        shell = app.sessions[sid]
+        shell = app.live[sid].shell
         assert shell.peak_inbox_messages <= 8 and shell.pending_refusals == 0 and shell.inbox_messages == 0
         c.send(barrier("commit", 1, "c1"))
         done = c.recv_type("response.done")
@@ -215,7 +215,7 @@ def test_tiered_input_flood_gets_rate_limit_errors_with_their_seq():
         pcm = (render_speech("hello") + bytes(INPUT_FRAME_BYTES * 30))
         c.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
         flood = [f"f{i}" for i in range(100)]
-        flood_until_refused(c, app.tiered[sid].shell, model, flood)
+        flood_until_refused(c, app.live[sid].shell, model, flood)
         events = c.recv_until(lambda e: e["type"] == "error" and e["error"].get("event_id") == flood[-1])
         errors = [e for e in events if e["type"] == "error"]
         assert [e["error"]["event_id"] for e in errors] == flood
@@ -294,7 +294,7 @@ def test_v3_reader_that_stopped_with_room_left_fails_at_the_stall_timeout():
         stats = wait_until(lambda: stats_of(app, sid))
         assert stats["outbound_overflows"] == 1
         assert stats["peak_outbound_bytes"] < cfg.max_outbound_bytes  # the time, not the bytes, tripped it
-        assert sid not in app.sessions
+        assert sid not in app.live
         assert app.usage.ended[("v3", "output_backpressure")] == 1
         stalled.close()
 
@@ -315,8 +315,8 @@ def test_tiered_reader_that_stopped_with_room_left_is_detached_at_the_stall_time
         stalled.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
         stalled.send({"type": "input_audio_buffer.commit"})
         stalled.recv_type("response.created")  # and never reads again
-        wait_until(lambda: app.tiered[sid].detached_overflows == 1)
-        att = app.tiered[sid]
+        wait_until(lambda: app.live[sid].attachment.detached_overflows == 1)
+        att = app.live[sid].attachment
         assert att.socket is None and att.protocol.detached_at is not None  # detached, alive within the grace
         assert att.peak_outbound_bytes < cfg.max_outbound_bytes  # the time, not the bytes, tripped it
         stalled.close()

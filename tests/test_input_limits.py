@@ -52,7 +52,7 @@ def test_v3_message_over_its_size_is_refused_at_its_header_with_1009_and_frees_t
         raw.send_header(V3_MAX_MESSAGE_BYTES + 1)  # the payload never comes: refused before it is buffered
         assert raw.close_code() == 1009
         raw.close()
-        wait_until(lambda: not app.sessions)  # the transport closed first; the session learns of it after
+        wait_until(lambda: not app.live)  # the transport closed first; the session learns of it after
         c = RawClient(url + "/v1/voicechat")  # the one slot is free again
         assert c.recv()["type"] == "session.created"
         c.close()
@@ -77,7 +77,7 @@ def test_v3_message_over_its_size_closes_with_1009_where_our_protocol_does_not_s
         c.recv_type("session.created")
         c.send(padded({"type": "bogus.event", "event_id": "big"}, V3_MAX_MESSAGE_BYTES + 1))
         assert c.close_code() == 1009
-        wait_until(lambda: not server.voicechat.sessions)
+        wait_until(lambda: not server.voicechat.live)
         c2 = RawClient(server.url + "/v1/voicechat")
         assert c2.recv()["type"] == "session.created"
         c2.close()

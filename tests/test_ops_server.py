@@ -76,7 +76,7 @@ def test_sessions_usage_and_metrics_after_scripted_sessions():
                 "voicechat_errors"} <= names
 
         registry = CollectorRegistry()  # this server alone (the process registry sums every server of the tests)
-        registry.register(VoicechatCollector([server]))
+        registry.register(VoicechatCollector([server.views]))
         samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                    for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
         assert samples[("voicechat_sessions_rejected_total", (("dialect", "v3"), ("reason", "busy")))] == 1
@@ -90,23 +90,23 @@ def test_sessions_status_shows_a_detached_session_with_its_grace_and_a_draining_
     from types import SimpleNamespace
 
     from vllm_omni_voicechat.server.app import VoicechatServer
+    from vllm_omni_voicechat.server.live import LiveSession
 
     server = VoicechatServer(ServerConfig.simulator(max_sessions=3, disconnect_grace_s=30.0))
     assert server.admission.try_acquire() is not None  # session A's slot
     protocol = SimpleNamespace(detached_at=100.0, journal=SimpleNamespace(retained_bytes=4096))
-    attachment = SimpleNamespace(protocol=protocol)
-    server.sessions["A"] = SimpleNamespace(positions=7)
-    server.attachments["A"] = server.tiered["A"] = attachment
+    attachment = SimpleNamespace(protocol=protocol, shell=SimpleNamespace(positions=7))
+    server.live.add(LiveSession("A", "tiered", attachment, 90.0))  # type: ignore[arg-type]
     server.usage.admit("A", "tiered", 90.0)
-    server.draining["B"] = ("v3", 104.0)
-    assert server.sessions_status(110.0) == {
+    server.live.add(LiveSession("B", "v3", SimpleNamespace(), 100.0, draining_since=104.0))  # type: ignore[arg-type]
+    assert server.views.sessions_status(110.0) == {
         "max_sessions": 3, "active": 0, "detached": 1, "idle": 2,
         "slots": [{"session_id": "A", "dialect": "tiered", "age_s": 20.0, "positions": 7, "state": "detached",
                    "grace_left_s": 20.0}, {"state": "idle"}, {"state": "idle"}],
         "draining": [{"session_id": "B", "dialect": "v3", "draining_s": 6.0}],
         "queued": 0, "queue_capacity": 0,
     }
-    assert server.operator_gauges() == {"active": 0, "detached": 1, "queued": 0, "journal_bytes": 4096}
+    assert server.views.operator_gauges() == {"active": 0, "detached": 1, "queued": 0, "journal_bytes": 4096}
 
 
 def test_session_logs_say_who_came_what_it_did_and_every_error_it_sent_without_content(caplog):
@@ -118,7 +118,7 @@ def test_session_logs_say_who_came_what_it_did_and_every_error_it_sent_without_c
     with running_app(ServerConfig.simulator(max_sessions=1)) as (url, server):
         c = RawClient(url + "/v1/voicechat")
         spoken_turn(c)
-        session_id = next(iter(server.sessions))
+        session_id = next(iter(server.live))
         c.send("{not json")
         c.recv_type("error")
         c.send({"type": "session.stop", "event_id": "x"})

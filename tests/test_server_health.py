@@ -96,7 +96,7 @@ def test_the_engine_probe_makes_health_failed_with_503():
         async def probe():
             return broken[0]
 
-        server.engine_probe = probe
+        server.readiness.engine_probe = probe
         status, body = health(url)
         assert (status, body["status"], body["engine"]) == (200, "ready", "healthy")
         broken[0] = "vLLM-Omni's engine is not healthy: Stage-1 has no live replica"
@@ -109,9 +109,10 @@ def test_readiness_order():
     from vllm_omni_voicechat.server.app import VoicechatServer
 
     server = VoicechatServer(ServerConfig.simulator())
-    assert server.readiness() == ("ready", None)
-    server.model_stall = (1.0, "position 3: no Stage-0 output within 4 s")
-    assert server.readiness()[0] == "degraded"
-    server.cleanup_failure = "model abort failed: x"
-    assert server.readiness() == ("degraded", "model abort failed: x")
-    assert server.readiness("engine dead") == ("failed", "engine dead")
+    readiness = server.readiness
+    assert readiness.status() == ("ready", None)
+    readiness.model_stall = (1.0, "position 3: no Stage-0 output within 4 s")
+    assert readiness.status()[0] == "degraded"
+    readiness.cleanup_failure = "model abort failed: x"
+    assert readiness.status() == ("degraded", "model abort failed: x")
+    assert readiness.status("engine dead") == ("failed", "engine dead")

@@ -40,10 +40,11 @@ def collector_off() -> Iterator[None]:
 def session_parts(app, timeout: float = 10.0) -> dict[str, weakref.ref]:
     """Weak references to the one live session's objects, once it is hosted."""
     deadline = time.monotonic() + timeout
-    while not app.attachments:
+    while not app.live:
         assert time.monotonic() < deadline, "no session was hosted"
         time.sleep(0.01)  # ok: polling for the session to be hosted (an awaited condition)
-    (att,) = app.attachments.values()
+    (session_id,) = app.live
+    att = app.live[session_id].attachment
     shell = att.shell
     parts = {"attachment": att, "shell": shell, "wire session": shell.core, "core": shell.core.core,
              "model": shell.model, "outbox": att.outbox}

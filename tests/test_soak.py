@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_omni_voicechat.server.app import MODEL_POOL_THREADS
+from vllm_omni_voicechat.server.hosting import MODEL_POOL_THREADS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 

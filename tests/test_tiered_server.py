@@ -145,7 +145,7 @@ def watch_releases(app) -> threading.Semaphore:
 
 def watch_detach(app, session_id: str) -> threading.Event:
     """Set once the server has noticed that the session's socket went away (its attachment is empty)."""
-    att = app.tiered[session_id]
+    att = app.live[session_id].attachment
     gone = threading.Event()
     inner = att.detach
 
@@ -377,7 +377,7 @@ def test_openai_lane_drop_frees_the_slot_at_once():
         t0 = time.monotonic()
         c.ws.socket.close()  # abort: an OpenAI-lane session has no resume, so no grace either
         assert released.acquire(timeout=5)
-        assert time.monotonic() - t0 < grace and app.admission.active == 0 and app.tiered == {}
+        assert time.monotonic() - t0 < grace and app.admission.active == 0 and not app.live
 
 
 # ---------------------------------------------------------------------------------------------------- a spoken turn
@@ -460,7 +460,7 @@ def test_a_resume_takes_in_what_the_dropped_socket_delivered_before_it_answers_t
         a.send({**append(silence), "event_id": "s2"})
         a.recv_type("response.output_audio.delta")
         assert model.held.wait(10)  # the shell waits for a step: what a sends now stays in its inbox
-        att = app.tiered[sid]
+        att = app.live[sid].attachment
         offered = threading.Semaphore(0)
         inner_offer = att.shell.offer_nowait  # both read paths hand frames over through it
 
@@ -598,7 +598,7 @@ def test_grace_expiry_releases_the_slot_and_a_late_resume_is_expired():
         a.ws.socket.close()  # abort; nobody resumes
         assert released.acquire(timeout=10)
         assert time.monotonic() - t0 >= grace  # the detached session kept its slot through the grace period
-        assert app.admission.active == 0 and app.tiered == {}
+        assert app.admission.active == 0 and not app.live
         late = RawClient(base + "/v1/duplex?autostart=0")
         late.send(resume(created, 1))
         refusal(late, "session_resume_expired")
@@ -679,7 +679,7 @@ def test_server_shutdown_ends_a_dropped_session_instead_of_waiting_out_its_grace
         c.recv_until(lambda e: e["type"] == "session.updated")
         c.ws.close_socket()  # a drop: the session waits for a resume
     # the fixture joined the server thread (30 s at most): it only returns early if the session was ended
-    assert released.is_set() and server.sessions == {} and server.tiered == {}
+    assert released.is_set() and not server.live
 
 
 

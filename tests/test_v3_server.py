@@ -207,7 +207,7 @@ def test_busy_at_capacity_while_the_admitted_session_keeps_working_and_disconnec
         first.send(append(render_speech("going away now")))
         first.ws.socket.close()  # no closing handshake
         assert released.wait(10)
-        assert server.admission.active == 0 and server.sessions == {}
+        assert server.admission.active == 0 and not server.live
         again = configured(base)  # admitted at once
         again.close()
 
@@ -278,7 +278,7 @@ def test_concurrent_sessions_streaming_paced_audio_do_not_interfere(fresh_url, s
 def test_live_sessions_share_a_few_model_threads_not_one_each(fresh_url):
     """Eight configured simulator sessions (steps on the loop) prefill in the server's shared pool: at most
     MODEL_POOL_THREADS model threads exist, not one per session."""
-    from vllm_omni_voicechat.server.app import MODEL_POOL_THREADS
+    from vllm_omni_voicechat.server.hosting import MODEL_POOL_THREADS
 
     def model_threads() -> set[threading.Thread]:
         return {t for t in threading.enumerate() if t.name.startswith("voicechat-model")}
@@ -377,5 +377,5 @@ def test_a_failing_socket_reader_ends_the_session_and_frees_its_slot(monkeypatch
         c = configured(base)
         c.send({"type": "transport-breaks-here"})
         assert released.wait(10)
-        assert server.admission.active == 0 and server.sessions == {}
+        assert server.admission.active == 0 and not server.live
         configured(base).close()  # the slot is free again

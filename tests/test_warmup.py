@@ -92,5 +92,5 @@ def test_warmup_can_be_turned_off():
     config = ServerConfig.simulator(warmup_positions=0)
     config.model_factory = lambda: CountingModel(log)
     with running_app(config) as (_, server):
-        assert log == [] and server.warmup is None
+        assert log == [] and server.readiness.warmup is None
 

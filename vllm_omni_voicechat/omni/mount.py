@@ -87,15 +87,15 @@ class VoicechatMount:
                               synthesizer=synthesizer, warmup_positions=warmup_positions,
                               external_auth=external_auth, **self.settings)
         self.server = VoicechatServer(config)
-        self.server.engine_probe = lambda: engine_failure(engine_client)
+        self.server.readiness.engine_probe = lambda: engine_failure(engine_client)
         self.api_server_count = int(getattr(app.state, "api_server_count", 1) or 1)
         if warmup_positions > 0:
-            self.server.record_warmup(await loop.run_in_executor(None, warm_up, factory(), warmup_positions))
+            self.server.readiness.record_warmup(await loop.run_in_executor(None, warm_up, factory(), warmup_positions))
 
     async def health(self, request: Request) -> JSONResponse:
         if self.server is None:
             return JSONResponse({"status": "starting"}, status_code=503)
-        return await self.server.health(request)
+        return await self.server.views.health(request)
 
     async def _refuse(self, websocket: WebSocket, code: str, message: str, close: int) -> None:
         await websocket.accept(subprotocol=safe_subprotocol(websocket.scope.get("subprotocols") or ()))
@@ -106,11 +106,11 @@ class VoicechatMount:
 
     async def realtime(self, websocket: WebSocket) -> None:
         if await self._usable(websocket):
-            await self.server.realtime(websocket)  # type: ignore[union-attr]
+            await self.server.handshake.realtime(websocket)  # type: ignore[union-attr]
 
     async def v3(self, websocket: WebSocket) -> None:
         if await self._usable(websocket):
-            await self.server.v3(websocket)  # type: ignore[union-attr]
+            await self.server.handshake.v3(websocket)  # type: ignore[union-attr]
 
     async def _usable(self, websocket: WebSocket) -> bool:
         if self.server is None:
@@ -124,12 +124,12 @@ class VoicechatMount:
     async def sessions(self, request: Request) -> JSONResponse:
         if self.server is None:
             return JSONResponse({"status": "starting"}, status_code=503)
-        return await self.server.sessions_endpoint(request)
+        return await self.server.views.sessions_endpoint(request)
 
     async def usage(self, request: Request) -> JSONResponse:
         if self.server is None:
             return JSONResponse({"status": "starting"}, status_code=503)
-        return await self.server.usage_endpoint(request)
+        return await self.server.views.usage_endpoint(request)
 
     def routes(self) -> list:
         """Ours, ahead of vLLM-Omni's. ``/metrics`` stays vLLM's: our collector is in the registry it serves."""

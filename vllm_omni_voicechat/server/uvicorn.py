@@ -304,5 +304,5 @@ class VoicechatUvicornServer(uvicorn.Server):
         self.voicechat = voicechat
 
     async def shutdown(self, sockets: Any = None) -> None:
-        self.voicechat.end_all_sessions()
+        self.voicechat.host.end_all_sessions()
         await super().shutdown(sockets=sockets)
