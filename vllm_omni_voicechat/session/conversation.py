@@ -155,8 +155,6 @@ class Conversation:
             self.open_response(eou_turn_id or self.new_turn_id())
         if result.tool_call is not None:
             self._functions.on_tool_call(core, result, suppress)
-            if core.closed:
-                return
         response = self.response
         if response is not None and not suppress:
             if agent.delta:

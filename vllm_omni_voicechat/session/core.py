@@ -68,6 +68,7 @@ from .functions import (
     FunctionCycles,
     Tokenizer,
 )
+from .failure import SessionFailure
 from .gate import MicFrame
 from . import input_turns, procedures
 from .microphone import Microphone
@@ -136,9 +137,11 @@ class Tick:
 class SessionCore:
     """The driving interface is ``receive`` / ``poll`` / ``complete`` / ``fail``, the shell completions
     (``prefilled``, ``prefill_failed``, ``synthesis_done``, ``synthesis_failed``), ``abort_session`` and
-    ``disconnect``; the properties are read-only views. ``emit``, ``fatal``, ``dispatch``, ``work`` and the
-    ``inject_next`` / ``eos_next`` controls serve the session's own collaborators (procedures, typed jobs,
-    function cycles, the conversation, input turns)."""
+    ``disconnect``; the properties are read-only views. ``emit``, ``work`` and the ``inject_next`` / ``eos_next``
+    controls serve the session's own collaborators (procedures, typed jobs, function cycles, the conversation, input
+    turns). A collaborator that finds the session cannot go on raises ``SessionFailure``; every entry point catches
+    it and runs the one teardown (``_fatal``). Input a function cycle held comes back as a return value, for the core
+    to dispatch again."""
 
     tally = None
     """A bare core keeps no tally (its wire session does)."""
@@ -266,18 +269,28 @@ class SessionCore:
                 self.emit(TypedRejected(command.job_id, "typed_input_unavailable"))
             return self._drain()
         functions = self.functions
-        if functions.cycle is not None and functions.holds(command):
-            functions.defer(self, command)
-            return self._drain()
-        self.dispatch(command)
+        try:
+            if functions.cycle is not None and functions.holds(command):
+                functions.defer(self, command)
+            else:
+                self._dispatch(command)
+        except SessionFailure as failure:
+            self._failed(failure)
         return self._drain()
 
     def poll(self, now: float) -> Tick:
         """Advance the session: start the next due position, if any."""
         self.now = now
+        try:
+            return self._poll(now)
+        except SessionFailure as failure:
+            self._failed(failure)
+            return Tick(self._drain())
+
+    def _poll(self, now: float) -> Tick:
         functions = self.functions
         if functions.cycle is not None and not self.closed:
-            functions.check_deadline(self, now)
+            self._dispatch_again(functions.check_deadline(self, now))
         while not self.closed and self.runner.in_flight is None and not self._configs:
             if self._plan is None:
                 self._advance()
@@ -321,19 +334,23 @@ class SessionCore:
             return self._drain()
         self.conversation.step_metrics = metrics
         proc = self._proc
-        if proc is not None:
-            try:
-                self._plan = proc.send(result)
-            except StopIteration:
-                if self._proc is proc:
-                    self._proc = None
-                    self.barrier_running = False
-            if self.closed:
-                self._plan = None
-        elif plan is None or plan.kind is not PositionKind.RESPONSE_SILENCE:
+        if proc is None and (plan is None or plan.kind is not PositionKind.RESPONSE_SILENCE):
             raise StateError(f"a {position.kind.value} position completed without its procedure")
-        else:
-            self.conversation.publish(self, result)
+        try:
+            if proc is None:
+                self.conversation.publish(self, result)
+            else:
+                try:
+                    self._plan = proc.send(result)
+                except StopIteration as ended:
+                    if self._proc is proc:
+                        self._proc = None
+                        self.barrier_running = False
+                    self._dispatch_again(ended.value)
+                if self.closed:
+                    self._plan = None
+        except SessionFailure as failure:
+            self._failed(failure)
         return self._drain()
 
     def fail(self, position: Position, error: BaseException, now: float) -> list[Output]:
@@ -343,10 +360,10 @@ class SessionCore:
         if not self.closed:
             job = self.typed.job
             if job is not None and job.mutated:
-                self.fatal("typed_input_failed", f"typed input injection failed: {error}",
+                self._fatal("typed_input_failed", f"typed input injection failed: {error}",
                            details={"job_id": job.job_id})
             else:
-                self.fatal("internal_error", f"model failure: {error}", closed=("failed", "internal_error"))
+                self._fatal("internal_error", f"model failure: {error}", closed=("failed", "internal_error"))
         return self._drain()
 
     def prefilled(self, now: float) -> list[Output]:
@@ -366,7 +383,7 @@ class SessionCore:
 
     def prefill_failed(self, error: BaseException, now: float) -> list[Output]:
         if not self.closed:
-            self.fatal("internal_error", f"model prefill failed: {error}", closed=("failed", "internal_error"))
+            self._fatal("internal_error", f"model prefill failed: {error}", closed=("failed", "internal_error"))
         self._configs.clear()
         return self._drain()
 
@@ -380,7 +397,10 @@ class SessionCore:
     def synthesis_failed(self, job_id: str, error: BaseException, now: float) -> list[Output]:
         if self.closed:
             return []
-        self.typed.synthesis_failed(self, job_id, error)
+        try:
+            self.typed.synthesis_failed(self, job_id, error)
+        except SessionFailure as failure:
+            self._failed(failure)
         return self._drain()
 
     def abort_session(
@@ -394,7 +414,7 @@ class SessionCore:
         closed: tuple[str, str] | None = None,
     ) -> list[Output]:
         """A wire-level protocol violation ends the session: same teardown as any fatal path."""
-        self.fatal(code, message, client_event_id=client_event_id, details=details, closed=closed)
+        self._fatal(code, message, client_event_id=client_event_id, details=details, closed=closed)
         return self._drain()
 
     def disconnect(self, now: float) -> list[Output]:
@@ -414,7 +434,7 @@ class SessionCore:
 
     # ================================================================ receipt of client commands
 
-    def dispatch(self, command: Command) -> None:
+    def _dispatch(self, command: Command) -> None:
         match command:
             case AppendAudio():
                 input_turns.append(self, command)
@@ -447,6 +467,11 @@ class SessionCore:
                 self.work.append(SpeakFirst(command))
             case _:
                 raise TypeError(f"unknown command {command!r}")
+
+    def _dispatch_again(self, commands: list[Command] | None) -> None:
+        """Input a function cycle held, handed back when the cycle ended: dispatched in its original order."""
+        for command in commands or ():
+            self._dispatch(command)
 
     def _on_configure(self, cmd: Configure) -> None:
         if self.settings_locked or self.input_active:
@@ -486,9 +511,10 @@ class SessionCore:
             try:
                 self._plan = next(self._proc)
                 return True
-            except StopIteration:
+            except StopIteration as ended:
                 self._proc = None
                 self.barrier_running = False
+                self._dispatch_again(ended.value)
         return False
 
     def _next_procedure(self) -> Procedure | None:
@@ -546,7 +572,7 @@ class SessionCore:
 
     # ================================================================ fatal paths
 
-    def fatal(
+    def _fatal(
         self,
         code: str,
         message: str,
@@ -574,8 +600,14 @@ class SessionCore:
             self.emit(SessionClosed(closed[0], closed[1]))  # type: ignore[arg-type]
         self.close()
 
+    def _failed(self, failure: SessionFailure) -> None:
+        """A part raised the session's failure: the one teardown."""
+        self._plan = None
+        self._fatal(failure.code, failure.message, client_event_id=failure.client_event_id, details=failure.details,
+                   closed=failure.closed, brackets=failure.brackets)
+
     def _fatal_position_limit(self, limit: PositionLimitReached) -> None:
-        self.fatal(
+        self._fatal(
             "session_position_limit",
             f"session reached {limit.limit} model positions",
             details={"model_frames": limit.positions, "max_model_frames": limit.limit},

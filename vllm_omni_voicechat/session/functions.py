@@ -17,6 +17,7 @@ from ..model.prompt import wrap_tool_result
 from ..runner.stage0 import PositionKind
 from .commands import AppendAudio, ClearInput, Command, CommitInput, CommitTurn, StartTurn, SubmitFunctionOutput
 from .events import Error, FunctionCallFailed, FunctionCallPublished, FunctionOutputApplied
+from .failure import SessionFailure
 from .procedures import Plan, Procedure
 from .work import Recover
 
@@ -195,9 +196,8 @@ class FunctionCycles:
             core.inject_next(tuple(core.config.tokenizer(wrap_tool_result('{"error":"cancelled_by_new_client_turn"}'))))
             return
         if self.cycle is not None:
-            core.fatal("internal_error", "a second function cycle overlapped the open one",
-                       closed=("failed", "internal_error"))
-            return
+            raise SessionFailure("internal_error", "a second function cycle overlapped the open one",
+                                 closed=("failed", "internal_error"))
         conversation = core.conversation
         response = conversation.response
         turn_id = response.turn_id if response is not None else (conversation.eou_turn_id or conversation.new_turn_id())
@@ -208,13 +208,12 @@ class FunctionCycles:
         call_id = call_id_for(core.session_id, self._published, core.config.call_id_hex)
         limit = core.config.max_function_calls_per_response
         if self._scope_calls > limit:
-            core.fatal(
+            raise SessionFailure(
                 "function_call_loop_limit",
                 f"more than {limit} function calls in one user turn",
                 details={"call_id": call_id, "attempt": self._scope_calls, "limit": limit},
                 closed=("failed", "function_call_loop_limit"),
             )
-            return
         if response is None:
             response = conversation.open_response(turn_id)
         tools = core.prompt.tools if core.prompt else ()
@@ -245,29 +244,29 @@ class FunctionCycles:
         assert cycle is not None
         self._start_recovery(core, cycle, tokens)
 
-    def check_deadline(self, core: SessionCore, now: float) -> None:
-        """No result in time: ``function_call.failed``, the model is told so, held input replays."""
+    def check_deadline(self, core: SessionCore, now: float) -> list[Command]:
+        """No result in time: ``function_call.failed``, the model is told so, held input replays (returned for the
+        core to dispatch again)."""
         cycle = self.cycle
         if cycle is None or cycle.state != "awaiting" or now < cycle.deadline:
-            return
+            return []
         core.emit(FunctionCallFailed(cycle.turn_id, cycle.response_id, cycle.call_id, "function_call_output_timeout"))
         if cycle.deferred_bos:
             # The reference invalidates the call's function epoch before failing; its detail is always present:
             # null when the invalidation succeeded, else its message. Here the epoch is the cycle itself, dropped
             # by the fatal teardown (the cycle and its deferred input are cleared), which cannot fail.
             invalidation_error = self._invalidate_epoch(cycle)
-            core.fatal(
+            raise SessionFailure(
                 "function_call_output_timeout",
                 f"no result for {cycle.call_id} within {core.config.function_call_timeout_s:g} s (deferred BOS pending)",
                 details={"call_id": cycle.call_id, "epoch_invalidation_error": invalidation_error},
             )
-            return
         cycle.terminal = "failed"
         tokens = tuple(core.config.tokenizer(wrap_tool_result('{"error":"function_call_output_timeout"}')))
         self._start_recovery(core, cycle, tokens)
         # `failed` is the call's terminal for the client: turn state is restored now and held input replays
         # (queued behind the recovery positions that feed the model its error result).
-        self._finish(core, cycle)
+        return self._finish(core, cycle)
 
     def _invalidate_epoch(self, cycle: Cycle) -> str | None:
         """End ``cycle``'s function epoch (no result will ever be injected); its failure message, or None."""
@@ -283,45 +282,40 @@ class FunctionCycles:
         core.work.appendleft(Recover(cycle))
 
     def recovery(self, core: SessionCore, cycle: Cycle) -> Procedure:
-        """Zero-input positions at >= 80 ms until the cycle is idle (and a deferred BOS arrived), then ack."""
+        """Zero-input positions at >= 80 ms until the cycle is idle (and a deferred BOS arrived), then ack; returns the
+        input the cycle held, for the core to dispatch again."""
         for _ in range(core.config.function_recovery_max_frames):
             result = yield Plan(PositionKind.RECOVERY)
             core.conversation.publish(core, result)
-            if core.closed:
-                return
             fn = result.function
             if cycle.deferred_bos:
                 if result.agent.control is AgentControl.AGENT_BOS:
                     cycle.deferred_bos = False
                 elif not fn.busy and not fn.post_fc_bos_pending:
-                    core.fatal("missing_post_fc_terminal_bos",
-                               "the function cycle ended without the deferred agent BOS",
-                               details={"call_id": cycle.call_id})
-                    return
+                    raise SessionFailure("missing_post_fc_terminal_bos",
+                                         "the function cycle ended without the deferred agent BOS",
+                                         details={"call_id": cycle.call_id})
             if not fn.busy and not cycle.deferred_bos:
-                self._finish(core, cycle)
-                return
-        core.fatal(
+                return self._finish(core, cycle)
+        raise SessionFailure(
             "function_output_apply_timeout",
             f"post-function recovery not idle within {core.config.function_recovery_max_frames} positions",
             details={"call_id": cycle.call_id},
         )
 
-    def _finish(self, core: SessionCore, cycle: Cycle) -> None:
+    def _finish(self, core: SessionCore, cycle: Cycle) -> list[Command]:
+        """End ``cycle``; the input it held, in its original order, for the core to dispatch again."""
         if self.cycle is not cycle:
-            return  # already finished (a timed-out cycle ends at `failed`)
+            return []  # already finished (a timed-out cycle ends at `failed`)
         self.cycle = None
         if cycle.terminal == "applied":
             core.emit(FunctionOutputApplied(cycle.call_id))
-        for command in self.deferred.drain():  # held microphone input, in its original order
-            if core.closed:
-                return
-            core.dispatch(command)
+        return self.deferred.drain()
 
     def defer(self, core: SessionCore, command: Command) -> None:
         size = getattr(command, "wire_bytes", 0) or (len(command.pcm) if isinstance(command, AppendAudio) else 64)
         if not self.deferred.offer(command, size):
-            core.fatal(
+            raise SessionFailure(
                 "deferred_input_overflow",
                 f"more than {self.deferred.limit} bytes of input held during a function cycle",
                 client_event_id=getattr(command, "client_event_id", None),

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .commands import AppendAudio, ClearInput, CommitInput, CommitTurn, StartTurn
 from .events import Error, InputCleared, SpeechStopped, TurnCommitted, TurnStarted
+from .failure import SessionFailure
 from .turns import Verdict
 from .work import CommitClientTurn, EndInput, OpenTurn, Reack
 
@@ -43,9 +44,8 @@ def _runs(core: SessionCore, verdict: Verdict, ack: type[TurnStarted] | type[Tur
         core.work.append(Reack(ack(verdict.turn_id, cmd.client_turn_id, cmd.client_event_id)))
         return False
     if verdict.action == "conflict":
-        core.fatal("input_turn_conflict", verdict.message, client_event_id=cmd.client_event_id,
-                   details=verdict.details)
-        return False
+        raise SessionFailure("input_turn_conflict", verdict.message, client_event_id=cmd.client_event_id,
+                             details=verdict.details)
     return True
 
 

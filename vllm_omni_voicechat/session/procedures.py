@@ -2,7 +2,7 @@
 
 Each work item runs as a generator that yields position plans and receives their step results, so sequences such
 as cancel tail -> turn start, or settlement -> fused EOU/BOS, read top to bottom. A procedure publishes what each
-position shows through the core's conversation and ends the session through ``core.fatal``. Procedures keep no
+position shows through the core's conversation and ends the session by raising ``SessionFailure``. Procedures keep no
 state of their own: each is handed the core it runs on (a procedure's generator holds it only while it runs).
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..audio.frames import INPUT_FRAME_BYTES, SILENT_INPUT_FRAME, FrameAssembler
 from ..model.port import NO_CONTROLS, AgentControl, PositionControls, StepResult
 from ..runner.stage0 import PositionKind
-from .commands import CancelResponse, CommitInput, CommitTurn, RespondFirst, StartTurn
+from .commands import CancelResponse, Command, CommitInput, CommitTurn, RespondFirst, StartTurn
 from .conversation import InputTurn
 from .events import (
     AbortModel,
@@ -27,6 +27,7 @@ from .events import (
     TurnStarted,
     TypedInjectionStarted,
 )
+from .failure import SessionFailure
 from .settlement import Settlement, bos_contract_failure
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ class Plan:
     """A microphone frame's ready time (``MicFrame.ready``): it is due from then."""
 
 
-Procedure = Generator[Plan, StepResult, None]
+Procedure = Generator[Plan, StepResult, list[Command] | None]
+"""A procedure's return: input held during a function cycle, handed back for the core to dispatch again."""
 
 
 # ================================================================ microphone audio
@@ -65,7 +67,7 @@ def frame(core: SessionCore, kind: PositionKind, pcm: bytes, transport_frame: in
         if turn.transcript:
             core.emit(TranscriptDelta(turn.turn_id, turn.transcript, turn.transcript, "microphone", None))
     conv.publish(core, result)
-    if turn is None or turn is not conv.input_turn or turn.settling or core.closed:
+    if turn is None or turn is not conv.input_turn or turn.settling:
         return
     turn.quiet = 0 if loud or result.rnnt.speech_confirmed else turn.quiet + 1
     fence = core.eou_blank_frames
@@ -80,8 +82,6 @@ def _model_eou(core: SessionCore, turn: InputTurn, cancel_reason: str) -> Proced
     turn.settling = True
     if core.must_cancel:
         yield from cancel_tail(core, cancel_reason)
-        if core.closed:
-            return
     yield from _settle_and_eou(core, None)
 
 
@@ -107,15 +107,11 @@ def end_input(core: SessionCore, cmd: CommitInput) -> Procedure:
     turn.settling = True
     if core.must_cancel:
         yield from cancel_tail(core, "new_response")
-        if core.closed:
-            return
     # Words still being decoded arrive during settlement; without any, the turn ends as a listen decision.
     steps = 0
     while not turn.transcript and conv.blank_count < core.eou_blank_frames:
         result = yield Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, PositionControls(pre_eou=True))
         conv.publish(core, result)
-        if core.closed:
-            return
         steps += 1
         if steps >= 2 * core.eou_blank_frames:
             break
@@ -133,8 +129,6 @@ def respond(core: SessionCore) -> Procedure:
         return
     if core.must_cancel:
         yield from cancel_tail(core, "new_response")
-        if core.closed:
-            return
     yield from _eou_position(core, turn)
 
 
@@ -143,8 +137,6 @@ def speak_first(core: SessionCore, cmd: RespondFirst) -> Procedure:
     allows, for a client that asks for a response before anyone spoke)."""
     if core.must_cancel:
         yield from cancel_tail(core, "new_response")
-        if core.closed:
-            return
     conv = core.conversation
     if conv.input_turn is not None:
         return  # a user turn is open: it is what gets answered
@@ -160,8 +152,6 @@ def cancel(core: SessionCore, cmd: CancelResponse) -> Procedure:
 def open_turn(core: SessionCore, cmd: StartTurn, turn_id: str) -> Procedure:
     if core.must_cancel:
         yield from cancel_tail(core, "client_vad")
-        if core.closed:
-            return
     turn = core.conversation.open_input_turn(turn_id, "microphone", None, cmd.client_turn_id)
     core.emit(TurnStarted(turn_id, cmd.client_turn_id, cmd.client_event_id))
     if turn.transcript:
@@ -172,8 +162,6 @@ def commit_turn(core: SessionCore, cmd: CommitTurn, turn_id: str) -> Procedure:
     if core.must_cancel:
         # The model self-started during the user turn: drain it before settling (§6.6).
         yield from cancel_tail(core, "pre_eou_activity_recovery:commit")
-        if core.closed:
-            return
     ack = TurnCommitted(turn_id, cmd.client_turn_id, cmd.client_event_id)
     yield from _settle_and_eou(core, ack)
 
@@ -183,8 +171,6 @@ def typed(core: SessionCore, job: TypedJob) -> Procedure:
     job.turn_id = conv.new_turn_id()
     if core.must_cancel:
         yield from cancel_tail(core, "typed_input")
-        if core.closed:
-            return
     frames = FrameAssembler(INPUT_FRAME_BYTES)
     pcm_frames = frames.push(job.pcm)
     tail = frames.pad()
@@ -199,8 +185,6 @@ def typed(core: SessionCore, job: TypedJob) -> Procedure:
         result = yield Plan(PositionKind.TYPED, pcm)
         conv.publish(core, result)
     yield from _settle_and_eou(core, None)
-    if core.closed:
-        return
     core.typed.finish(core, job, "completed")
 
 
@@ -209,8 +193,6 @@ def stop(core: SessionCore) -> Procedure:
     if tail is not None and core.model_started:
         result = yield Plan(PositionKind.FINAL, tail)
         core.conversation.publish(core, result)
-        if core.closed:
-            return
     elif not core.model_started and core.configured:
         core.emit(AbortModel())
     core.conversation.close_brackets("completed", "client_stop")
@@ -236,8 +218,6 @@ def cancel_tail(core: SessionCore, reason: str) -> Procedure:
         result = yield Plan(PositionKind.CANCEL_TAIL, SILENT_INPUT_FRAME, controls)
         controls = NO_CONTROLS
         conv.publish(core, result, suppress=True)
-        if core.closed:
-            return
         fn = result.function
         busy = fn.busy or fn.post_fc_bos_pending
         terminal = result.boundary.ended or result.boundary.phase.value in ("idle", "complete")
@@ -252,7 +232,7 @@ def cancel_tail(core: SessionCore, reason: str) -> Procedure:
             tail += 1
         if tail >= core.config.cancel_tail_max_positions or drain >= core.config.function_recovery_max_frames:
             break
-    core.fatal(
+    raise SessionFailure(
         "response_cancel_timeout",
         f"the model did not reach its acoustic terminal within {core.config.cancel_tail_max_positions} positions",
         details={"response_id": response.response_id, "turn_id": response.turn_id} if response else {},
@@ -276,12 +256,11 @@ def _settle_and_eou(core: SessionCore, ack: TurnCommitted | None, *, hold: bool 
         if outcome.kind == "fatal":
             if outcome.publish:
                 conv.publish(core, result)
-            core.fatal(
+            raise SessionFailure(
                 outcome.code,
                 outcome.message,
                 details={"settlement": outcome.details, "source": turn.source, "job_id": turn.job_id},
             )
-            return
         if outcome.kind == "fused_terminal":
             conv.eou_turn_id = turn.turn_id
             core.last_turn_outcome = "eou"
@@ -312,16 +291,14 @@ def _eou_position(core: SessionCore, turn: InputTurn) -> Procedure:
         if result.function.busy:
             # The EOU position opened a function cycle: BOS is expected after its result (deferred BOS).
             if core.functions.pending_bos_turn is not None:
-                core.fatal("overlapping_bos_expectation", "a deferred BOS is already pending", details=details)
-                return
+                raise SessionFailure("overlapping_bos_expectation", "a deferred BOS is already pending",
+                                     details=details)
             core.functions.pending_bos_turn = turn.turn_id
             conv.publish(core, result, eou_turn_id=turn.turn_id)
             return
-        core.fatal("missing_terminal_bos", "the EOU position produced neither agent BOS nor a function cycle",
-                   details=details)
-        return
+        raise SessionFailure("missing_terminal_bos",
+                             "the EOU position produced neither agent BOS nor a function cycle", details=details)
     failure = bos_contract_failure(result)
     if failure is not None:
-        core.fatal("separate_eou_contract_failure", failure, details=details)
-        return
+        raise SessionFailure("separate_eou_contract_failure", failure, details=details)
     conv.publish(core, result, eou_turn_id=turn.turn_id)
