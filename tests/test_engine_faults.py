@@ -4,8 +4,9 @@ fatal error and close code within a bound, frees its slot, spares the sessions t
 
 One server for the faults it survives (a raising hook, a stopped stage), then its shutdown under load; a killed stage
 needs a server of its own. The fault server runs deploy/voicechat-cpu.yaml with a per-position step timeout of
-``STEP_TIMEOUT_S`` (deployed: 30 s) and the thinker's test-only fault injection on (``FAULT_RAISE_ENV``: a session
-whose instructions hold ``FAULT_MARKER`` fails in our thinker's per-position hook). Runs in the engine venv
+``STEP_TIMEOUT_S`` (deployed: 30 s), and Stage 0 runs our thinker with a fault: a test plugin
+(``tests/engine_plugins``, loaded by vLLM's plugin entry points as ours is) registers a subclass in which a session
+whose instructions hold ``FAULT_MARKER`` fails in the per-position hook. Runs in the engine venv
 (scripts/install_omni_cpu.sh VENV --engine); skipped elsewhere.
 """
 
@@ -19,6 +20,7 @@ import os
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -28,8 +30,9 @@ _skip = engine_available()
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
 
 STEP_TIMEOUT_S = 4.0
-FAULT_RAISE_ENV = "VOICECHAT_FAULT_THINKER_RAISE"  # omni/thinker/model.py (importing it needs torch)
-FAULT_MARKER = "[fault: raise in the thinker]"
+PLUGINS = Path(__file__).parent / "engine_plugins"
+FAULTY_ARCHITECTURE = "VoiceChatFaultyThinkerForTests"  # engine_plugins/voicechat_fault_plugin.py
+FAULT_MARKER = "[fault: raise in the thinker]"  # engine_plugins/voicechat_fault_thinker.py (importing it needs torch)
 FRAME_BYTES = 2 * 1280  # 80 ms of 16 kHz PCM16
 PROMPT_BOUND_S = 10.0
 """How soon after a stage dies or the engine is told to stop its sessions must hear it. Measured 0.01-0.1 s, once
@@ -42,13 +45,27 @@ def run(coro, timeout: float = 180.0):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-def deploy_with(path, **voicechat):
+def deploy_with(path, *, stage0_arch: str | None = None, **voicechat):
     import yaml
 
     deploy = yaml.safe_load(CPU_DEPLOY.read_text())
     deploy["voicechat"].update(voicechat)
+    if stage0_arch is not None:
+        (stage0,) = [s for s in deploy["stages"] if s["stage_id"] == 0]
+        stage0["model_arch"] = stage0_arch
     path.write_text(yaml.safe_dump(deploy, sort_keys=False))
     return path
+
+
+def fault_plugin_path(folder: Path) -> str:
+    """A ``PYTHONPATH`` on which vLLM finds the test plugin: its modules, and a distribution's metadata naming its
+    ``register`` under both plugin groups (what installing a package would write)."""
+    info = folder / "voicechat_test_faults-0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: voicechat-test-faults\nVersion: 0\n")
+    target = "voicechat_test_faults = voicechat_fault_plugin:register\n"
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{target}\n[vllm_omni.general_plugins]\n{target}")
+    return os.pathsep.join(p for p in (str(folder), str(PLUGINS), os.environ.get("PYTHONPATH", "")) if p)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +78,8 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(checkpoint, tmp_path_factory):
     logs = tmp_path_factory.mktemp("engine-faults")
-    deploy = deploy_with(logs / "voicechat-faults.yaml", step_timeout_s=STEP_TIMEOUT_S)
-    with engine_server(checkpoint, logs, deploy=deploy, extra_env={FAULT_RAISE_ENV: FAULT_MARKER}) as srv:
+    deploy = deploy_with(logs / "voicechat-faults.yaml", stage0_arch=FAULTY_ARCHITECTURE, step_timeout_s=STEP_TIMEOUT_S)
+    with engine_server(checkpoint, logs, deploy=deploy, extra_env={"PYTHONPATH": fault_plugin_path(logs)}) as srv:
         yield srv
 
 
@@ -224,7 +241,7 @@ def test_a_raising_hook_fails_only_its_session(engine):
             return faulty, started, list(c.events), c.errors
 
     faulty, started, events, errors = run(main())
-    assert_fatal(faulty, "internal_error", started, 30.0, message=f"fault injected ({FAULT_RAISE_ENV})")
+    assert_fatal(faulty, "internal_error", started, 30.0, message="fault injected by the test plugin")
     assert errors == []
     assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == list(script.RESPONSE_WORDS)
     body = idle(engine)

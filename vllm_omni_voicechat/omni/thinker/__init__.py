@@ -13,27 +13,29 @@ MODEL_TYPE = "nemotron_voicechat"
 """The checkpoint's config type (its config.json has none; vLLM-Omni patches it in from the architecture)."""
 
 
-def register_architecture() -> bool:
-    """Make ``ARCHITECTURE`` resolvable in this process: vLLM's ``ModelRegistry`` (lazy ``module:Class``, so no
-    torch import here), vLLM-Omni's ``OmniModelRegistry`` (what stage model configs resolve through) and
+def register_architecture(architecture: str = ARCHITECTURE, class_path: str = MODEL_CLASS_PATH) -> bool:
+    """Make ``architecture`` (``class_path``, ``module:Class``) resolvable in this process: vLLM's ``ModelRegistry``
+    (lazy, so no torch import here), vLLM-Omni's ``OmniModelRegistry`` (what stage model configs resolve through) and
     vLLM-Omni's architecture -> config-type table. Idempotent; never replaces an existing entry. Called by
-    ``omni.register.register`` in every process that loads the plugin entry points."""
+    ``omni.register.register`` in every process that loads the plugin entry points; a subclass of our thinker
+    registered the same way (another plugin's) is named by a deploy YAML's Stage 0 instead (the engine tests' fault
+    injection)."""
     added = False
     try:
         from vllm.model_executor.models import ModelRegistry
     except ModuleNotFoundError:
         return False
-    if ARCHITECTURE not in ModelRegistry.models:
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS_PATH)
+    if architecture not in ModelRegistry.models:
+        ModelRegistry.register_model(architecture, class_path)
         added = True
     try:
         from vllm_omni.engine import arg_utils
         from vllm_omni.model_executor.models.registry import OmniModelRegistry
     except ModuleNotFoundError:
         return added
-    if ARCHITECTURE not in OmniModelRegistry.models:
-        OmniModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS_PATH)
+    if architecture not in OmniModelRegistry.models:
+        OmniModelRegistry.register_model(architecture, class_path)
         added = True
     # Private table (vllm_omni/engine/arg_utils.py): without it the config.json (no model_type) cannot load.
-    arg_utils._ARCH_TO_MODEL_TYPE.setdefault(ARCHITECTURE, MODEL_TYPE)
+    arg_utils._ARCH_TO_MODEL_TYPE.setdefault(architecture, MODEL_TYPE)
     return added

@@ -57,10 +57,6 @@ from .rnnt import (
 logger = init_logger(__name__)
 
 RNNT_TOKENIZER_DIR_ENV = "VOICECHAT_RNNT_TOKENIZER_DIR"
-FAULT_RAISE_ENV = "VOICECHAT_FAULT_THINKER_RAISE"
-"""Fault injection for tests, off unless set (tests/test_engine_faults.py): a session whose instructions contain this
-text has its per-position hook raise on its first position, as a bug in our hooks would (the request fails, its
-session gets the error, the engine and every other session go on)."""
 
 
 @dataclass
@@ -108,7 +104,6 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         """Requests whose voicechat hooks raised: each gets a failure in its evidence, the engine serves the rest."""
         self._step_rows: list[tuple[str, int]] = []
         self._captured_encoder_frame: torch.Tensor | None = None
-        self._fault_marker = os.environ.get(FAULT_RAISE_ENV) or None
 
     # ---- tokenizers (lazy on the engine; injected in tests) ----
 
@@ -230,8 +225,6 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         if seq is not None and seq == req.last_seq:
             return  # the runner re-entered this position (recompute): already begun/finished
         req.last_seq = seq
-        if self._fault_marker is not None and self._fault_marker in str(runtime.get("instructions") or ""):
-            raise RuntimeError(f"fault injected ({FAULT_RAISE_ENV}): the instructions name {self._fault_marker!r}")
         vc = duplex.get(VC_KEY)
         controls = decode_controls(vc) if isinstance(vc, dict) else NO_CONTROLS
         rnnt = RnntEvidence()
