@@ -1076,7 +1076,7 @@ def test_openai_manual_turns_the_commit_seals_and_settles_and_only_response_crea
     committed = d.run()
     assert types(committed) == OPENAI_COMMIT
     assert one(committed, "conversation.item.input_audio_transcription.completed")["transcript"] == "Hello there"
-    assert d.run() == [] and d.session.core.eou_held  # settled, and nothing answers until response.create
+    assert d.run() == [] and d.session.core.held_eou is not None  # settled, and nothing answers until response.create
     assert d.send({"type": "response.create", "event_id": "r1"}) == []
     events = d.run()
     assert collapse(types(events)) == OPENAI_RESPONSE

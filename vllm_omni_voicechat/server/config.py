@@ -34,11 +34,12 @@ class ServerConfig:
     model_factory: Callable[[], ModelPort] = field(default=lambda: SimulatorModel())
     synthesizer: Synthesizer | None = field(default_factory=SimulatorSynthesizer)
     realtime_default: str = "v3"
-    v3_turns: str = "client"
-    """Who owns v3 turns: ``client`` (production: client barriers) or ``legacy`` (the contract's diagnostic
-    RNNT-owned mode: the model's end-of-utterance opens responses, ``turn_start`` is unsupported)."""
     """What a bare ``/v1/realtime`` (no ``duplex``/``model`` query, no ``OpenAI-Beta``) speaks: v3 | tiered |
     tiered-openai."""
+    v3_turns: str = "client"
+    """Who owns v3 turns, in the contract's words: ``client`` (production: client barriers) or ``legacy`` (its
+    diagnostic RNNT-owned mode: the model's end-of-utterance opens responses, ``turn_start`` is unsupported); the
+    session's turn policy follows (``wire.v3.schema.V3_TURN_POLICY``)."""
     admission_queue: int = 0
     """Tiered connections that may wait for a slot when every slot is taken (a FIFO with ``session.queued`` /
     ``queue_update`` / ``queue_done``); 0: none, a full server answers busy at once. v3 always answers busy at

@@ -23,7 +23,7 @@ from ..wire.tiered.routing import UnknownRoute, duplex_off_answer_text, select_r
 from ..wire.tiered.schema import CLOSE_TRY_AGAIN_LATER
 from ..wire.tiered.session_events import handshake_error, queue_event
 from ..wire.v3 import V3Options, V3Session, busy_error
-from ..wire.v3.schema import CLOSE_BUSY
+from ..wire.v3.schema import CLOSE_BUSY, V3_TURN_POLICY
 from .admission import Admission, Slot
 from .auth import safe_subprotocol
 from .config import ServerConfig
@@ -64,10 +64,10 @@ class Handshake:
             return
         cfg = self._config
         core = SessionCore(cfg.session_config(cfg.ids.uuid(), typed_input_ready=self._typed_ready(),
-                                              turn_policy="model" if cfg.v3_turns == "legacy" else "client"))
+                                              turn_policy=V3_TURN_POLICY[cfg.v3_turns]))
         protocol = V3Session(core, V3Options(default_instructions=cfg.default_instructions,
                                              single_client=cfg.max_sessions == 1,
-                                             legacy_turns=cfg.v3_turns == "legacy",
+                                             turn_policy=V3_TURN_POLICY[cfg.v3_turns],
                                              max_inbox_messages=cfg.max_inbox_messages,
                                              configure_timeout_s=cfg.v3_configure_timeout_s,
                                              idle_timeout_s=cfg.v3_idle_timeout_s),

@@ -249,10 +249,6 @@ class SessionCore:
         return turn is not None and turn.source == "microphone" and turn.settling
 
     @property
-    def eou_held(self) -> bool:
-        return self.held_eou is not None
-
-    @property
     def must_cancel(self) -> bool:
         """An open response, or function-channel work not yet shown to the client, must end before new input."""
         return self.conversation.response is not None or self.conversation.model_busy

@@ -61,9 +61,10 @@ class V3Options:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     """Provenance advertised in ``session.created``."""
     single_client: bool = False
-    legacy_turns: bool = False
-    """The contract's diagnostic RNNT-owned mode (the core must run ``turn_policy="model"``): the model's own
-    end-of-utterance opens responses; ``turn_start`` and ``commit`` get the recoverable ``unsupported_event``."""
+    turn_policy: str = "client"
+    """``client``: the contract's client-owned turns. ``model``: its diagnostic RNNT-owned ("legacy") mode (the core
+    runs the same policy): the model's own end-of-utterance opens responses; ``turn_start`` and ``commit`` get the
+    recoverable ``unsupported_event``."""
     max_inbox_messages: int = RECEIVE_QUEUE_MESSAGES
     """The host's inbox bound, echoed by the ``input_backpressure`` error that answers a refused frame."""
     configure_timeout_s: float | None = CONFIGURE_TIMEOUT_S
@@ -90,13 +91,13 @@ class V3Session(WireSession):
                  tally: SessionTally | None = None) -> None:
         super().__init__(core, tally)
         self.options = options = options or V3Options()
-        if options.legacy_turns != core.model_turns:
-            raise ValueError("legacy v3 turns need a core with turn_policy='model' (and only they do)")
+        if options.turn_policy != core.config.turn_policy:
+            raise ValueError(f"a v3 session with turn_policy={options.turn_policy!r} needs a core with the same policy")
         self.capabilities = capabilities(
             typed_input=core.config.typed_input_ready,
             max_session_model_frames=core.config.max_session_model_frames,
             single_client=options.single_client,
-            legacy_turns=options.legacy_turns,
+            model_turns=options.turn_policy == "model",
             function_call_timeout_s=core.config.function_call_timeout_s,
             function_recovery_max_frames=core.config.function_recovery_max_frames,
         )
@@ -326,7 +327,7 @@ class V3Session(WireSession):
         return self._project(self.core.receive(AppendAudio(pcm, cid, self._wire_bytes), now), now)
 
     def _barrier(self, msg: dict, now: float) -> list[V3Output]:
-        if self.options.legacy_turns:  # the model owns turns: there are no client barriers
+        if self.core.model_turns:  # the model owns turns: there are no client barriers
             return [self._error("unsupported_event", f"Unsupported event: {msg['type']}", _event_id(msg))]
         event_id = msg.get("event_id")
         if not isinstance(event_id, str) or not event_id:

@@ -10,6 +10,9 @@ PROTOCOL_NAME = "voicechat.realtime"
 PROTOCOL_VERSION = 3
 PROTOCOL = {"name": PROTOCOL_NAME, "version": PROTOCOL_VERSION}
 MODEL_OUTPUT_MODE = "client_authored_v1"
+V3_TURN_POLICY = {"client": "client", "legacy": "model"}
+"""Who owns v3 turns in the contract's words (``client``, its diagnostic RNNT-owned ``legacy``) -> the session's turn
+policy."""
 
 MAX_APPEND_BYTES = 40_960
 RECEIVE_QUEUE_MESSAGES = 256  # the reference server's receive queue: frames beyond it are refused
@@ -52,13 +55,13 @@ def capabilities(
     typed_input: bool,
     max_session_model_frames: int,
     single_client: bool,
-    legacy_turns: bool = False,
+    model_turns: bool = False,
     function_call_timeout_s: float = 30.0,
     function_recovery_max_frames: int = 256,
 ) -> dict[str, Any]:
     return {
-        "server_turn_detection": "rnnt" if legacy_turns else None,
-        "input_turn_detection": "server_rnnt" if legacy_turns else "client_smart_turn_v1",
+        "server_turn_detection": "rnnt" if model_turns else None,
+        "input_turn_detection": "server_rnnt" if model_turns else "client_smart_turn_v1",
         "input_transcription": True,
         "function_calling": True,
         "typed_input": typed_input,
