@@ -70,7 +70,7 @@ from vllm_omni_voicechat.session.settlement import DEFAULT_FENCE
 from vllm_omni_voicechat.shell.aio import SessionShell
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
 from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
-from vllm_omni_voicechat.wire.transport import Outbound
+from vllm_omni_voicechat.wire.transport import WireText
 
 DEFAULT_OUT = RESULTS / "omni_runner_ratio.json"
 _clock = time.thread_time_ns  # the simulator runs on the loop thread in both stacks
@@ -112,7 +112,7 @@ async def run_ours(scripts: list[list[str]]) -> dict:
         protocol = TieredSession(core, TieredOptions(lane="full", model="voicechat", max_sessions=len(scripts)))
 
         def sink(item: Any) -> None:
-            if isinstance(item, Outbound):
+            if isinstance(item, WireText):
                 counts["events"] += 1
                 counts["bytes"] += len(item.text)
                 if '"response.done"' in item.text:

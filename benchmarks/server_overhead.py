@@ -52,7 +52,7 @@ from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
 from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimulatorModel
 from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
-from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
+from vllm_omni_voicechat.wire.transport import CloseTransport, WireText
 from vllm_omni_voicechat.wire.v3 import V3Options, V3Session
 
 DEFAULT_OUT = RESULTS / "server_overhead.json"
@@ -113,7 +113,7 @@ class HostedSession:
         """The wire texts sent since the last call (benchmark bookkeeping, outside the timed work)."""
         texts = []
         for o in self._outputs:
-            if isinstance(o, Outbound):
+            if isinstance(o, WireText):
                 texts.append(o.text)
                 if o.seq is not None:
                     self.journaled_bytes += len(o.text.encode())  # what a resume journal records (memory.py)

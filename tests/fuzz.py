@@ -37,7 +37,7 @@ from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 from vllm_omni_voicechat.trace.checker import TraceChecker
 from vllm_omni_voicechat.wire.tiered import parser as tiered_parser
 from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
-from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
+from vllm_omni_voicechat.wire.transport import CloseTransport, WireText
 from vllm_omni_voicechat.wire.v3 import V3Options, V3Session
 
 WORDS = ["hello", "hi there", "yes", "what time is it", "ok", "tell me about the sea", 'call lookup {"q": "x"}']
@@ -346,8 +346,8 @@ class V3Episode(_Episode):
         return {"type": "session.update", "event_id": f"u{self.rng.randrange(1000)}", "session": session}
 
     def on_event(self, out: Any) -> None:
-        if not isinstance(out, Outbound):
-            raise _Crash(f"{self.label}: a v3 output that is not Outbound: {out!r:.200}")
+        if not isinstance(out, WireText):
+            raise _Crash(f"{self.label}: a v3 output that is not WireText: {out!r:.200}")
         try:  # UTF-8 on the wire
             out.text.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -606,8 +606,8 @@ class TieredEpisode(_Episode):
     # ------------------------------------------------------------------ delivery
 
     def on_event(self, out: Any) -> None:
-        if not isinstance(out, Outbound):
-            raise _Crash(f"{self.label}: a tiered output that is not Outbound: {out!r:.200}")
+        if not isinstance(out, WireText):
+            raise _Crash(f"{self.label}: a tiered output that is not WireText: {out!r:.200}")
         try:
             out.text.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -621,7 +621,7 @@ class TieredEpisode(_Episode):
             sock.sent_through = out.seq
         self.receive_client_side(out)
 
-    def receive_client_side(self, out: Outbound) -> None:
+    def receive_client_side(self, out: WireText) -> None:
         """What the client does with a delivered event: de-duplicate by seq (as DuplexClient does)."""
         event = out.json()
         if out.seq is not None:

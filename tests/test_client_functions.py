@@ -18,7 +18,7 @@ from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.client import (
     TOOL_TIMEOUT_OUTPUT,
     ArbiterCapacityError,
-    Outbound,
+    WireText,
     OutboundArbiter,
     ProtocolError,
     SessionEnded,
@@ -316,8 +316,8 @@ def test_a_typed_job_holds_microphone_turns_until_it_finishes(url):
 # ==================================================================== the arbiter on its own
 
 
-def _op(kind: str, k: int | None = None, *, job: str | None = None, size: int = 0) -> Outbound:
-    return Outbound(kind, {"type": kind}, client_turn_id=k, job_id=job, audio_bytes=size)
+def _op(kind: str, k: int | None = None, *, job: str | None = None, size: int = 0) -> WireText:
+    return WireText(kind, {"type": kind}, client_turn_id=k, job_id=job, audio_bytes=size)
 
 
 def _drain(arbiter: OutboundArbiter) -> list[str]:

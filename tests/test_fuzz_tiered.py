@@ -20,7 +20,7 @@ from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
 from vllm_omni_voicechat.session.events import Prefill
 from vllm_omni_voicechat.sim.model import SimBehaviour
 from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
-from vllm_omni_voicechat.wire.transport import Outbound
+from vllm_omni_voicechat.wire.transport import WireText
 
 from .fuzz import TOOLS_TIERED, FuzzStats, fuzz
 from .tiered_harness import TieredDriver, types
@@ -79,7 +79,7 @@ def _tiered(**options) -> TieredSession:
 
 
 def _wire(outputs: list) -> list[dict]:
-    return [o.json() for o in outputs if isinstance(o, Outbound)]
+    return [o.json() for o in outputs if isinstance(o, WireText)]
 
 
 def test_events_raised_during_the_first_prefill_follow_session_created():
@@ -116,6 +116,6 @@ def test_an_echoed_lone_surrogate_goes_out_as_utf8_text():
     s = _tiered()
     s.receive(json.dumps({"type": "session.update", "session": {}}), 0.0)
     s.prefilled(0.0)
-    (out,) = [o for o in s.receive('{"type": "\\ud800", "event_id": "\\udfff"}', 0.0) if isinstance(o, Outbound)]
+    (out,) = [o for o in s.receive('{"type": "\\ud800", "event_id": "\\udfff"}', 0.0) if isinstance(o, WireText)]
     out.text.encode("utf-8")  # sendable
     assert out.json()["error"]["event_id"] == "\udfff"

@@ -19,7 +19,7 @@ from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
 from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimulatorModel
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
-from vllm_omni_voicechat.wire.transport import Outbound
+from vllm_omni_voicechat.wire.transport import WireText
 from vllm_omni_voicechat.wire.v3 import V3Options, V3Session
 
 
@@ -141,7 +141,7 @@ def _v3_turn(tally: SessionTally) -> list[dict]:
     send({"type": "input_audio_buffer.commit", "event_id": "c", "client_turn_id": 1})
     send("{not json")
     send({"type": "session.stop", "event_id": "x"})
-    return [json.loads(o.text) for o in out if isinstance(o, Outbound)]
+    return [json.loads(o.text) for o in out if isinstance(o, WireText)]
 
 
 def test_a_v3_sessions_tally_agrees_with_its_wire_trace():

@@ -17,8 +17,8 @@ from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.wire.tiered import parser as P
 from vllm_omni_voicechat.wire.tiered import projector as tiered_projector
 from vllm_omni_voicechat.wire.tiered.connection import ResumeOutcome, TieredOptions
-from vllm_omni_voicechat.wire.tiered.outgoing import TIER3 as _TIER3
-from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
+from vllm_omni_voicechat.wire.tiered.stamping import TIER3 as _TIER3
+from vllm_omni_voicechat.wire.transport import CloseTransport, WireText
 
 from .compat import validate_openai_server_event
 from .helpers import SILENCE_FRAME
@@ -208,12 +208,12 @@ def resume(d: TieredDriver, token: str, cursor: int) -> ResumeOutcome:
     return d.session.resume(request, d.clock.now)
 
 
-def texts(outbound: list[Outbound]) -> list[dict]:
+def texts(outbound: list[WireText]) -> list[dict]:
     return [json.loads(o.text) for o in outbound]
 
 
 def journaled_after(d: TieredDriver, cursor: int) -> list[str]:
-    return [o.text for o in d.outputs if isinstance(o, Outbound) and o.seq is not None and o.seq > cursor]
+    return [o.text for o in d.outputs if isinstance(o, WireText) and o.seq is not None and o.seq > cursor]
 
 
 def detach(d: TieredDriver) -> list[Any]:
@@ -1328,14 +1328,14 @@ def test_a_commit_sent_while_the_first_prefill_runs_waits_for_it_and_gets_its_re
 
     s = TieredSession(SessionCore(tiered_core_config()), TieredOptions(lane="openai", model="sim", autostart=True))
     model = SimulatorModel()
-    wire: list[dict] = [o.json() for o in s.start(0.0) if isinstance(o, Outbound)]
+    wire: list[dict] = [o.json() for o in s.start(0.0) if isinstance(o, WireText)]
     tick = s.poll(0.0)
     prefills = [o for o in tick.outputs if isinstance(o, Prefill)]
     assert len(prefills) == 1 and tick.position is None
 
     def send(event: dict, now: float) -> None:
         out = s.receive(json.dumps(event), now)
-        wire.extend(o.json() for o in out if isinstance(o, Outbound))
+        wire.extend(o.json() for o in out if isinstance(o, WireText))
 
     send({"type": "session.update", "session": {"type": "realtime"}}, 0.01)
     pcm = render_speech("hello") + SILENCE_FRAME * 3
@@ -1347,16 +1347,16 @@ def test_a_commit_sent_while_the_first_prefill_runs_waits_for_it_and_gets_its_re
 
     model.prefill(prefills[0].prompt)
     now = 0.5
-    wire.extend(o.json() for o in s.prefilled(now) if isinstance(o, Outbound))
+    wire.extend(o.json() for o in s.prefilled(now) if isinstance(o, WireText))
     for _ in range(2000):
         tick = s.poll(now)
-        wire.extend(o.json() for o in tick.outputs if isinstance(o, Outbound))
+        wire.extend(o.json() for o in tick.outputs if isinstance(o, WireText))
         if any(e["type"] == "response.done" for e in wire):
             break
         if tick.position is not None:
             result = model.step(tick.position.input)
             now += 0.01
-            wire.extend(o.json() for o in s.complete(tick.position, result, now) if isinstance(o, Outbound))
+            wire.extend(o.json() for o in s.complete(tick.position, result, now) if isinstance(o, WireText))
         elif tick.wake_at is not None:
             now = max(now, tick.wake_at)
     kinds = types(wire)

@@ -14,7 +14,7 @@ from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
 from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimulatorModel
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
-from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
+from vllm_omni_voicechat.wire.transport import CloseTransport, WireText
 from vllm_omni_voicechat.wire.v3 import V3Options, V3Session
 
 from .server_fixture import RawClient, running_app
@@ -42,7 +42,7 @@ class Host:
         self.host.run(max_positions=2000, **kw)
 
     def events(self) -> list[dict]:
-        return [json.loads(o.text) for o in self.out if isinstance(o, Outbound)]
+        return [json.loads(o.text) for o in self.out if isinstance(o, WireText)]
 
     def ending(self) -> list:
         """The fatal error, session.closed and the close instruction."""

@@ -11,7 +11,7 @@ from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 from vllm_omni_voicechat.wire.tiered.connection import TieredOptions, TieredSession
-from vllm_omni_voicechat.wire.transport import CloseTransport, Outbound
+from vllm_omni_voicechat.wire.transport import CloseTransport, WireText
 
 SID = "S"
 
@@ -36,11 +36,11 @@ class TieredDriver:
 
     @property
     def outputs(self) -> list[Any]:
-        return [o for o in self.driver.events if isinstance(o, (Outbound, CloseTransport))]
+        return [o for o in self.driver.events if isinstance(o, (WireText, CloseTransport))]
 
     @property
     def events(self) -> list[dict]:
-        return [o.json() for o in self.driver.events if isinstance(o, Outbound)]
+        return [o.json() for o in self.driver.events if isinstance(o, WireText)]
 
     def new_events(self) -> list[dict]:
         events = self.events

@@ -36,8 +36,8 @@ class ArbiterCapacityError(V3ClientError):
         self.client_turn_id = client_turn_id
         self.limit = limit
         self.held_bytes = held_bytes
-        self.dropped: list[Outbound] = []
-        self.closing_commit: Outbound | None = None
+        self.dropped: list[WireText] = []
+        self.closing_commit: WireText | None = None
         self.needs_commit = False
         super().__init__(
             f"arbiter_capacity: held microphone input of client turn {client_turn_id} would exceed {limit} bytes "
@@ -46,7 +46,7 @@ class ArbiterCapacityError(V3ClientError):
 
 
 @dataclass(eq=False)
-class Outbound:
+class WireText:
     """One arbitrated client event: ``kind`` is ``turn_start``, ``append``, ``commit`` or ``typed``."""
 
     kind: str
@@ -90,8 +90,8 @@ class OutboundArbiter:
         self.wire_turn: int | None = None  # client turn whose turn_start was released but not its commit
         self.dropped_turns: dict[int, ArbiterCapacityError] = {}
         self.trimmed_preroll_bytes = 0
-        self._mic: list[Outbound] = []
-        self._typed: list[Outbound] = []
+        self._mic: list[WireText] = []
+        self._typed: list[WireText] = []
         self._seq = 0
 
     # --- state changes
@@ -109,7 +109,7 @@ class OutboundArbiter:
 
     # --- queries
 
-    def pending(self) -> list[Outbound]:
+    def pending(self) -> list[WireText]:
         """Every queued (not yet released) operation, in the order it was offered."""
         return sorted(self._mic + self._typed, key=lambda op: op.seq)
 
@@ -131,7 +131,7 @@ class OutboundArbiter:
 
     # --- offering and releasing
 
-    def offer(self, op: Outbound) -> list[Outbound]:
+    def offer(self, op: WireText) -> list[WireText]:
         """Queue ``op``; returns queued pre-roll appends trimmed to make room (they will never be sent).
 
         Raises :class:`ArbiterCapacityError` (with the dropped operations; ``op`` itself is not queued) when
@@ -154,9 +154,9 @@ class OutboundArbiter:
         self._mic.append(op)
         return []
 
-    def pop_ready(self) -> Outbound | None:
+    def pop_ready(self) -> WireText | None:
         """The next operation to send now, if any (it leaves the queue and updates the wire state)."""
-        op: Outbound | None = None
+        op: WireText | None = None
         if self.epoch is None:
             if self.wire_turn is not None:
                 if self._mic:
@@ -177,7 +177,7 @@ class OutboundArbiter:
             self.wire_turn = None
         return op
 
-    def clear(self) -> list[Outbound]:
+    def clear(self) -> list[WireText]:
         """Remove and return everything queued (the session ended)."""
         ops = self.pending()
         self._mic.clear()
@@ -186,7 +186,7 @@ class OutboundArbiter:
 
     # --- internals
 
-    def _trim_preroll(self) -> list[Outbound]:
+    def _trim_preroll(self) -> list[WireText]:
         tail = 0
         while tail < len(self._mic):
             op = self._mic[-1 - tail]
@@ -194,7 +194,7 @@ class OutboundArbiter:
                 break
             tail += 1
         segment = self._mic[len(self._mic) - tail :]
-        trimmed: list[Outbound] = []
+        trimmed: list[WireText] = []
         total = sum(op.audio_bytes for op in segment)
         while total > self.preroll_bytes and len(segment) > 1:
             oldest = segment.pop(0)
@@ -207,7 +207,7 @@ class OutboundArbiter:
     def _drop_turn(self, client_turn_id: int, held: int) -> ArbiterCapacityError:
         error = ArbiterCapacityError(client_turn_id, self.max_held_bytes, held)
         on_wire = self.wire_turn == client_turn_id
-        kept: list[Outbound] = []
+        kept: list[WireText] = []
         for op in self._mic:
             if op.client_turn_id != client_turn_id:
                 kept.append(op)

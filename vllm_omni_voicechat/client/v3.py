@@ -19,7 +19,7 @@ waits up to 30 s for ``conversation.item.function_call_output.applied`` with the
 ``response.function_call.failed`` also closes the epoch. A second call while an epoch is open is a
 :class:`ProtocolError`; duplicate ``call_id`` s are ignored.
 
-**Outbound arbiter.** Microphone input (``start_turn``, ``send_audio``, ``commit``) and typed requests
+**WireText arbiter.** Microphone input (``start_turn``, ``send_audio``, ``commit``) and typed requests
 (``request_typed``) pass through an :class:`~.arbiter.OutboundArbiter` (``arbiter.py``). While a function epoch
 is open nothing of them is sent; from a typed request until its terminal event (``rejected`` or
 ``injection_finished``) microphone input is held. When the hold ends, pending typed requests are admitted first; held microphone turns are released intact
@@ -53,7 +53,7 @@ from websockets.exceptions import ConnectionClosed
 
 from ..audio.frames import INPUT_SAMPLE_RATE
 from ..ids import SYSTEM_IDS, Ids
-from .arbiter import HELD_INPUT_MAX_BYTES, HELD_PREROLL_SECONDS, ArbiterCapacityError, Outbound, OutboundArbiter
+from .arbiter import HELD_INPUT_MAX_BYTES, HELD_PREROLL_SECONDS, ArbiterCapacityError, WireText, OutboundArbiter
 from .contract import (
     BARRIER_ACK_TIMEOUT,
     MODEL_OUTPUT_MODE,
@@ -77,7 +77,7 @@ from .tools import TOOL_HANDLER_TIMEOUT, TOOL_TIMEOUT_OUTPUT, ToolHandler, call_
 
 __all__ = [
     "APPEND_BYTES", "FUNCTION_OUTPUT_ACK_TIMEOUT", "HELD_INPUT_MAX_BYTES", "OUTPUT_SAMPLE_RATE", "PROTOCOL",
-    "TOOL_HANDLER_TIMEOUT", "TOOL_TIMEOUT_OUTPUT", "ArbiterCapacityError", "Event", "Outbound", "OutboundArbiter",
+    "TOOL_HANDLER_TIMEOUT", "TOOL_TIMEOUT_OUTPUT", "ArbiterCapacityError", "Event", "WireText", "OutboundArbiter",
     "ProtocolError", "Response", "Sent", "ServerError", "SessionEnded", "ToolHandler", "ToolRun", "TypedJob",
     "UserTurn", "V3Client", "V3ClientError",
 ]
@@ -303,7 +303,7 @@ class V3Client(EventLog):
         self._check_usable()
         barrier = self.protocol.start_turn(client_turn_id)
         op = self._offer(
-            Outbound("turn_start", self.protocol.barrier_event(barrier), client_turn_id=client_turn_id, barrier=barrier)
+            WireText("turn_start", self.protocol.barrier_event(barrier), client_turn_id=client_turn_id, barrier=barrier)
         )
         await op.sent
         ack = await self._await_ack(barrier)
@@ -321,7 +321,7 @@ class V3Client(EventLog):
             raise self.arbiter.dropped_turns[client_turn_id]
         barrier = self.protocol.commit(client_turn_id)
         op = self._offer(
-            Outbound("commit", self.protocol.barrier_event(barrier), client_turn_id=client_turn_id, barrier=barrier)
+            WireText("commit", self.protocol.barrier_event(barrier), client_turn_id=client_turn_id, barrier=barrier)
         )
         await op.sent
         ack = await self._await_ack(barrier)
@@ -338,7 +338,7 @@ class V3Client(EventLog):
         self._check_usable()
         loop = asyncio.get_running_loop()
         start = loop.time()
-        last: Outbound | None = None
+        last: WireText | None = None
         for i, offset in enumerate(range(0, len(pcm16), APPEND_BYTES)):
             if paced:
                 delay = start + i * APPEND_SECONDS - loop.time()
@@ -354,7 +354,7 @@ class V3Client(EventLog):
                 "channels": 1,
                 "audio": base64.b64encode(chunk).decode("ascii"),
             }
-            last = self._offer(Outbound("append", event, client_turn_id=self.protocol.open_turn,
+            last = self._offer(WireText("append", event, client_turn_id=self.protocol.open_turn,
                                         audio_bytes=len(chunk)))
         if last is not None:
             await last.sent
@@ -371,7 +371,7 @@ class V3Client(EventLog):
         job = self.jobs[job_id] = TypedJob(job_id, text)
         event = {"type": "input_text.request", "event_id": self.protocol.new_event_id(), "job_id": job_id,
                  "text": text}
-        op = self._offer(Outbound("typed", event, job_id=job_id))
+        op = self._offer(WireText("typed", event, job_id=job_id))
         await op.sent
         await self._until(lambda: job if job.accepted is not None else None, timeout, f"answer to typed job {job_id}")
         return job
@@ -454,7 +454,7 @@ class V3Client(EventLog):
                 await asyncio.wait({self._receiver}, timeout=5)
             raise self.failure or SessionEnded(f"the socket closed: {closed}") from None
 
-    def _offer(self, op: Outbound) -> Outbound:
+    def _offer(self, op: WireText) -> WireText:
         """Hand ``op`` to the arbiter; the send loop writes it when it is released."""
         op.sent = asyncio.get_running_loop().create_future()
         op.sent.add_done_callback(_retrieve)
@@ -478,7 +478,7 @@ class V3Client(EventLog):
             _settle(error.closing_commit.sent, error)
         if error.needs_commit and error.client_turn_id is not None:
             barrier = Barrier("commit", error.client_turn_id, self.protocol.new_event_id())
-            commit = Outbound(
+            commit = WireText(
                 "commit", self.protocol.barrier_event(barrier), client_turn_id=error.client_turn_id, barrier=barrier,
                 internal=True,
             )

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.websockets import WebSocket
 
 from ..shell.aio import SessionShell
-from ..wire.transport import CloseTransport, Outbound
+from ..wire.transport import CloseTransport, WireText
 from .config import ServerConfig
 from .outbox import Outbox
 
@@ -87,10 +87,10 @@ class Attachment:
             self.close_code = item.code
             self.close_reason = item.reason
             self.close_label = item.label or item.reason
-        elif isinstance(item, Outbound):
+        elif isinstance(item, WireText):
             self.send(item)
 
-    def send(self, item: Outbound) -> None:
+    def send(self, item: WireText) -> None:
         outbox = self.outbox
         if self.socket is None or outbox is None or (item.seq is not None and item.seq <= self.sent_through):
             return  # detached (the journal keeps it) or already replayed on this socket

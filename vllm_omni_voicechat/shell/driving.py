@@ -4,7 +4,7 @@
 Every input carries an injected ``now``. Every output list is ordered and holds two kinds of things a host keeps
 apart: effects (:class:`~vllm_omni_voicechat.session.events.Effect`: run a prefill, start or cancel a synthesis,
 abort the model), which the host executes and answers through the completion methods, and everything else (native
-events, :class:`~vllm_omni_voicechat.wire.transport.Outbound` texts, :class:`CloseTransport`), which it hands on in
+events, :class:`~vllm_omni_voicechat.wire.transport.WireText` texts, :class:`CloseTransport`), which it hands on in
 order. ``poll`` returns a :class:`~vllm_omni_voicechat.session.core.Tick`: outputs, maybe a position for the model,
 maybe a wake-up time.
 """

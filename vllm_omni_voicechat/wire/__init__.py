@@ -1,5 +1,5 @@
 """Wire dialects: parsers (client JSON -> commands or typed errors) and projectors (native events -> wire)."""
 
-from .transport import CloseTransport, Outbound, compact_json
+from .transport import CloseTransport, WireText, compact_json
 
-__all__ = ["CloseTransport", "Outbound", "compact_json"]
+__all__ = ["CloseTransport", "WireText", "compact_json"]

@@ -39,7 +39,7 @@ def compact_json(event: dict[str, Any]) -> str:
     return text
 
 
-class Outbound(NamedTuple):
+class WireText(NamedTuple):
     """One server event as JSON text; ``seq`` is its ``server_event_seq`` (tiered journaled events only). A named
     tuple: one is made per event sent, and a tuple is the cheapest immutable record."""
 

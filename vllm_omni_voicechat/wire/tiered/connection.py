@@ -4,7 +4,7 @@ It drives a :class:`~vllm_omni_voicechat.session.core.SessionCore` in the model-
 interface of ``shell/driving.py`` (so the same hosts drive it), turns client events into core commands and
 projector calls, and stamps and journals what the projector renders. What outlives a socket (journal, credential,
 grace and idle TTL) is the lease's (``lease.py``); the input audio buffer (``input_buffer.py``), what answers a turn
-(``turn_answer.py``) and how the socket closes (``closing.py``) are their own. Outputs are :class:`Outbound` texts
+(``turn_answer.py``) and how the socket closes (``closing.py``) are their own. Outputs are :class:`WireText` texts
 (stamped with ``server_event_seq`` where journaled), core effects and :class:`CloseTransport`.
 """
 
@@ -31,7 +31,7 @@ from ...session.commands import (
 )
 from ...session.core import SessionCore, Tick
 from ..session import WireSession
-from ..transport import CloseTransport, Outbound, compact_json
+from ..transport import CloseTransport, WireText, compact_json
 from . import parser as p
 from . import session_events as se
 from .audio import InputConverter
@@ -40,7 +40,7 @@ from .input_buffer import InputBuffer
 from .items import MAX_ITEM_CONTENT_BYTES
 from .journal import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, InvalidAck, Journal, ResyncRequired
 from .lease import Lease, Reattached, ResumeRefused
-from .outgoing import Outgoing
+from .stamping import Stamping
 from .projector import Refused, TieredProjector, WireEvent, function_item_id
 from .response_options import unservable_response_options
 from .schema import DISCONNECT_GRACE_S, MAX_PENDING_INPUT_BYTES, capabilities
@@ -68,13 +68,13 @@ class TieredOptions:
 @dataclass(frozen=True, slots=True)
 class ResumeOutcome:
     ok: bool
-    outputs: list[Outbound]
+    outputs: list[WireText]
     """For the new socket: ``session.resumed`` + the replay, or the refusal."""
-    replaced: Outbound | None = None
+    replaced: WireText | None = None
     """For the superseded socket, when one was attached."""
 
 
-TieredOutput = Outbound | ev.Effect | CloseTransport
+TieredOutput = WireText | ev.Effect | CloseTransport
 
 
 class TieredSession(WireSession):
@@ -96,8 +96,8 @@ class TieredSession(WireSession):
         self.projector = self._new_projector()
         self.lease = Lease(resumable=self.tier3, grace_s=o.disconnect_grace_s, journal_max_bytes=o.journal_max_bytes,
                            journal_ttl_s=o.journal_ttl_s, ids=o.ids)
-        self.outgoing = Outgoing(self.session_id, tier3=self.tier3, journal=self.lease.journal)
-        self._emit = self.outgoing.send  # the send path: stamped, filtered, held or journaled (bound once, it is hot)
+        self.stamping = Stamping(self.session_id, tier3=self.tier3, journal=self.lease.journal)
+        self._emit = self.stamping.send  # the send path: stamped, filtered, held or journaled (bound once, it is hot)
         self.input_buffer = InputBuffer(self.settings.input_format, self.settings.input_rate,
                                         o.max_pending_input_bytes)
         self._expired = False
@@ -167,7 +167,7 @@ class TieredSession(WireSession):
         if self._requested_prompt is None and not isinstance(parsed, p.SessionUpdate):
             # Any first event but session.update opens a default session, then runs (§1.1); as with autostart,
             # session.created goes first and the default prompt prefills behind it.
-            out = [] if self.outgoing.created else [self._session_created()]
+            out = [] if self.stamping.created else [self._session_created()]
             out += self._configure(self.settings.prompt, None, now, ack=False)
         return out + self._dispatch(parsed, now)
 
@@ -228,7 +228,7 @@ class TieredSession(WireSession):
             return ResumeOutcome(False, [self._stamped(se.resync_required(self.session_id, verdict.reason))])
         resumed = se.session_resumed(self.session_id, self._session_object(), verdict.generation, verdict.token,
                                      self.input_buffer.receipt())
-        outputs = [self._stamped(resumed)] + [Outbound(e.text, e.seq) for e in verdict.replay.entries]
+        outputs = [self._stamped(resumed)] + [WireText(e.text, e.seq) for e in verdict.replay.entries]
         replaced = None
         if verdict.superseded is not None:
             replaced = self._stamped(se.session_replaced(self.session_id, verdict.superseded))
@@ -260,7 +260,7 @@ class TieredSession(WireSession):
         self._apply_settings(result)
         if result.prompt != self._requested_prompt:
             return self._configure(result.prompt, e.event_id, now, ack=True)
-        if self.outgoing.created:
+        if self.stamping.created:
             return self._emit([se.session_event("session.updated", self._session_object())], now)
         return []  # session.created follows the prefill in flight
 
@@ -356,7 +356,7 @@ class TieredSession(WireSession):
         if size > MAX_ITEM_CONTENT_BYTES:
             return self._error("event_too_large", f"an item's content is at most {MAX_ITEM_CONTENT_BYTES} bytes of "
                                "JSON", e.event_id, "item.content", now)
-        item_id = item.get("id") if isinstance(item.get("id"), str) else f"item_text_{self.outgoing.next_id()}"
+        item_id = item.get("id") if isinstance(item.get("id"), str) else f"item_text_{self.stamping.next_id()}"
         events = self.projector.add_client_item(item_id, role, content, size)
         self.answer.stage_text(item_id, role, content)
         return self._emit(events, now)
@@ -437,7 +437,7 @@ class TieredSession(WireSession):
             text = text[len(own):]
         text = text.strip()
         if text and self.core.config.typed_input_ready:
-            return self._submit(RequestTypedInput(f"instructions_{self.outgoing.next_id()}", text, event_id), now)
+            return self._submit(RequestTypedInput(f"instructions_{self.stamping.next_id()}", text, event_id), now)
         return self._submit(RespondFirst(event_id), now)
 
     def _response_cancel(self, e: p.ResponseCancel, now: float) -> list[TieredOutput]:
@@ -494,16 +494,16 @@ class TieredSession(WireSession):
         return render_session(self.settings, session_id=self.session_id, state=self.projector.session_state(),
                               capabilities=self.capabilities)
 
-    def _session_created(self) -> Outbound:
-        self.outgoing.created = True
+    def _session_created(self) -> WireText:
+        self.stamping.created = True
         if self.tier3:
             token = self.credential.issue()
             return self._stamped(se.session_created(self._session_object(), generation=self.credential.generation,
                                                     resume_token=token))
         return self._stamped(se.session_created(self._session_object()))
 
-    def _stamped(self, event: WireEvent) -> Outbound:
-        return self.outgoing.transport(event)
+    def _stamped(self, event: WireEvent) -> WireText:
+        return self.stamping.transport(event)
 
     def _error(self, code: str, message: str, event_id: Any, param: str | None, now: float) -> list[TieredOutput]:
         if self.tally is not None:
@@ -560,10 +560,10 @@ class TieredSession(WireSession):
     def _configured(self, o: ev.SessionConfigured, now: float) -> list[TieredOutput]:
         ack = self._config_acks.pop(0) if self._config_acks else False
         out: list[TieredOutput] = []
-        if not self.outgoing.created:
+        if not self.stamping.created:
             out.append(self._session_created())
             out += self._emit([se.session_event("session.updated", self._session_object())], now)
-            out += self.outgoing.release_held(now)
+            out += self.stamping.release_held(now)
         elif ack:
             out += self._emit([se.session_event("session.updated", self._session_object())], now)
         for command in self.input_buffer.take_held():

@@ -2,7 +2,7 @@
 drive the session core, and project its outputs onto v3 wire events (plus effects and the close code).
 
 It offers the driving interface of ``shell/driving.py`` (``receive``, ``poll``, ``complete``, ...), so the same
-hosts drive it; its events come out as :class:`~vllm_omni_voicechat.wire.transport.Outbound` JSON texts.
+hosts drive it; its events come out as :class:`~vllm_omni_voicechat.wire.transport.WireText` JSON texts.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..limits import MAX_INSTRUCTIONS_CHARS, MAX_JSON_CONTAINERS, too_many_conta
 from ..transport import (
     MAX_ECHOED_ID_CHARS,
     CloseTransport,
-    Outbound,
+    WireText,
     close_reason,
     compact_json,
     server_json,
@@ -51,7 +51,7 @@ from .schema import (
 )
 
 _MISSING = object()
-V3Output = Outbound | ev.Effect | CloseTransport
+V3Output = WireText | ev.Effect | CloseTransport
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +240,7 @@ class V3Session(WireSession):
                             limit=self.options.max_inbox_messages)]
 
     def output_backpressure(self, *, peak_queued_bytes: int, max_outbound_bytes: int,
-                            max_outbound_events: int) -> Outbound:
+                            max_outbound_events: int) -> WireText:
         """The fatal error for a client that stopped reading (sent once its queued events were discarded)."""
         return _text(self.projector.error(
             "output_backpressure", "the client is not reading server events fast enough", True,
@@ -375,7 +375,7 @@ class V3Session(WireSession):
 
     # ================================================================ outputs
 
-    def _error(self, code: str, message: str, client_event_id: Any = None, **details: Any) -> Outbound:
+    def _error(self, code: str, message: str, client_event_id: Any = None, **details: Any) -> WireText:
         if self.tally is not None:
             self.tally.wire_error(code)
         return _text(self.projector.error(code, message, False, client_event_id, **details))
@@ -399,7 +399,7 @@ class V3Session(WireSession):
                 if isinstance(o, (ev.TurnStarted, ev.TurnCommitted)) and o.client_event_id == self._awaiting_ack:
                     self._awaiting_ack = None
                 encode = server_json if type(o) in _SERVER_MADE else compact_json
-                wire.append(Outbound(encode(self.projector.project(o))))
+                wire.append(WireText(encode(self.projector.project(o))))
                 if isinstance(o, ev.Error) and o.fatal and self._close_code is None:
                     self._close_code = close_code_for(o.code)
                     self._close_reason = o.code
@@ -417,13 +417,13 @@ _SERVER_MADE = frozenset({ev.PositionMetrics, ev.AudioDelta, ev.TextDelta, ev.Tr
 """Native events whose wire form holds only the server's values (no echoed client id): the fast JSON path."""
 
 
-def busy_error(session_id: str) -> Outbound:
+def busy_error(session_id: str) -> WireText:
     """The answer of a server whose session slots are all in use (then close 1013)."""
     return _text(V3Projector(session_id, {}).error("server_busy", "all session slots are in use", True))
 
 
-def _text(event: WireEvent) -> Outbound:
-    return Outbound(compact_json(event))
+def _text(event: WireEvent) -> WireText:
+    return WireText(compact_json(event))
 
 
 def _event_id(msg: dict) -> Any:

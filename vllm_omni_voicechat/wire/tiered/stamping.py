@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from ..transport import Outbound, compact_json, server_json
+from ..transport import WireText, compact_json, server_json
 from .journal import Journal
 from .session_events import resync_required
 
@@ -28,7 +28,7 @@ TIER3 = frozenset({
 })
 
 
-class Outgoing:
+class Stamping:
     def __init__(self, session_id: str, *, tier3: bool, journal: Journal | None) -> None:
         self.session_id = session_id
         self.tier3 = tier3
@@ -48,12 +48,12 @@ class Outgoing:
         stamped.update(event)  # type and event_id stay first (an existing key keeps its place)
         return stamped
 
-    def transport(self, event: WireEvent) -> Outbound:
+    def transport(self, event: WireEvent) -> WireText:
         """A transport-level event: stamped, never journaled, no seq."""
-        return Outbound(compact_json(self.stamp(event)))
+        return WireText(compact_json(self.stamp(event)))
 
-    def send(self, events: list[WireEvent], now: float) -> list[Outbound]:
-        out: list[Outbound] = []
+    def send(self, events: list[WireEvent], now: float) -> list[WireText]:
+        out: list[WireText] = []
         for event in events:
             if not self.tier3 and event["type"] in TIER3:
                 continue
@@ -62,20 +62,20 @@ class Outgoing:
                 continue
             event = self.stamp(event)
             if event["type"] in TRANSPORT_LEVEL:
-                out.append(Outbound(compact_json(event)))
+                out.append(WireText(compact_json(event)))
                 continue
             encode = server_json if event["type"] in SERVER_MADE else compact_json
             if self.journal is not None:
                 recorded = self.journal.record(event, now, encode=encode)
                 if recorded.overflow_notice:
                     out.append(self.transport(resync_required(self.session_id, "journal_overflow")))
-                out.append(Outbound(recorded.text, recorded.seq))
+                out.append(WireText(recorded.text, recorded.seq))
             else:
                 self._seq += 1
-                out.append(Outbound(encode({**event, "server_event_seq": self._seq}), self._seq))
+                out.append(WireText(encode({**event, "server_event_seq": self._seq}), self._seq))
         return out
 
-    def release_held(self, now: float) -> list[Outbound]:
+    def release_held(self, now: float) -> list[WireText]:
         """``session.created`` went out: what waited for it follows."""
         held, self._held = self._held, []
         return self.send(held, now)
