@@ -395,7 +395,7 @@ def _client_frames(ops: list[tuple], close: bool = False) -> tuple[bytes, list[i
         elif kind == "ping":
             client.send_ping(op[1])
         elif kind == "bad_utf8":
-            client.send_frame(Frame(Opcode.TEXT, b"\xff\xfe"))
+            client.send_frame(Frame(Opcode.TEXT, b"\xff\xfe" if not op[1:] else b"a" * 70_000 + b"\xff"))
         elif kind == "text_inside_fragments":  # a protocol error: a new message before the last one's end
             client.send_frame(Frame(Opcode.TEXT, b"fir", fin=False))
             client.send_frame(Frame(Opcode.TEXT, b"second"))
@@ -440,10 +440,10 @@ async def _served(stream: bytes, cuts: list[int], ours: bool, max_size: int | No
 TEXTS = st.text(max_size=40) | st.sampled_from(["x" * 125, "y" * 126, "é" * 40_000, "z" * 70_000])
 OPS = st.lists(st.one_of(
     st.tuples(st.just("text"), TEXTS),
-    st.tuples(st.just("binary"), st.binary(max_size=300)),
+    st.tuples(st.just("binary"), st.binary(max_size=300) | st.just(bytes(range(256)) * 300)),
     st.tuples(st.just("fragments"), st.lists(st.text(max_size=10), min_size=1, max_size=4)),
     st.tuples(st.just("ping"), st.binary(max_size=10)),
-    st.tuples(st.just("bad_utf8")),
+    st.tuples(st.just("bad_utf8")) | st.tuples(st.just("bad_utf8"), st.just("large")),
     st.tuples(st.just("text_inside_fragments")),
     st.tuples(st.just("unmasked")),
 ), max_size=8)
@@ -495,3 +495,20 @@ def test_the_app_finds_a_live_connections_protocol_and_not_a_closed_ones():
         assert protocol_for(Socket()) is None
 
     asyncio.run(scenario())
+
+
+@settings(max_examples=200, deadline=None)
+@given(payload=st.binary(max_size=64) | st.integers(0, 70_000).map(lambda n: bytes(range(256)) * (n // 256) + b"x" * (n % 256)),
+       lead=st.integers(0, 7), mask=st.binary(min_size=4, max_size=4))
+def test_unmasking_in_place_is_websockets_unmasking(payload, lead, mask):
+    """A large frame is unmasked where it lies in the partial buffer (any offset, any length): the same bytes as
+    websockets' ``apply_mask``, and nothing around them touched."""
+    from websockets.frames import apply_mask
+
+    from vllm_omni_voicechat.server.uvicorn import unmask_in_place
+
+    buffer = bytearray(b"\x01" * lead + apply_mask(payload, mask) + b"\x02" * 3)
+    view = unmask_in_place(buffer, lead, lead + len(payload), mask)
+    assert bytes(view) == payload
+    view.release()
+    assert buffer[:lead] == b"\x01" * lead and buffer[lead + len(payload):] == b"\x02" * 3
