@@ -9,6 +9,7 @@ import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -209,3 +210,34 @@ def test_what_a_queued_client_sends_beyond_the_pump_waits_in_the_socket_and_none
         assert echoed == [f"e{i}" for i in range(6)]  # all six, in order (the pump held 4, the socket the rest)
         queued.send({"type": "session.close"})
         queued.recv_until(lambda e: e["type"] == "session.closed")
+
+
+@pytest.mark.parametrize("ws", ["ours", "websockets-sansio"])
+def test_a_queued_client_sends_no_more_than_a_first_message_and_an_admitted_one_the_dialects_size(ws):
+    """While it waits, a client has no session: a message over QUEUED_MAX_MESSAGE_BYTES closes it with 1009 (our
+    protocol refuses it from its header, the host under another uvicorn protocol) and frees its place; once
+    admitted, the dialect's own size holds."""
+    from vllm_omni_voicechat.server.inprocess import InProcessServer
+    from vllm_omni_voicechat.wire.limits import QUEUED_MAX_MESSAGE_BYTES
+
+    big = {"type": "no.such.event", "event_id": "big", "pad": "x" * QUEUED_MAX_MESSAGE_BYTES}
+    kw = {} if ws == "ours" else {"ws": ws}
+    with InProcessServer(ServerConfig.simulator(max_sessions=1, admission_queue=2), **kw) as server:
+        url = server.url
+        holder = RawClient(url + "/v1/duplex")
+        greet(holder)
+        flooder = RawClient(url + "/v1/duplex")
+        assert greet(flooder)[-1]["position"] == 1
+        patient = RawClient(url + "/v1/duplex")
+        assert greet(patient)[-1]["position"] == 2
+        flooder.send(big)
+        assert flooder.close_code() == 1009
+        update = patient.recv()
+        assert (update["type"], update["position"]) == ("session.queue_update", 1)  # its place is free at once
+        holder.send({"type": "session.close"})
+        patient.recv_until(lambda e: e["type"] == "session.updated")
+        patient.send(big)  # admitted: a tiered message may be 16 MiB
+        error = patient.recv_until(lambda e: e["type"] == "error")[-1]["error"]
+        assert (error["code"], error["event_id"]) == ("unknown_event", "big")
+        patient.send({"type": "session.close"})
+        patient.recv_until(lambda e: e["type"] == "session.closed")

@@ -5,6 +5,7 @@ A ``session.resume`` is handed to the host with the session it names, or refused
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from ..ops.usage import UsageBook
 from ..session.core import SessionCore
 from ..session.functions import CALL_ID_HEX
 from ..trace.tap import tap_socket
-from ..wire.limits import FIRST_MESSAGE_MAX_BYTES
+from ..wire.limits import FIRST_MESSAGE_MAX_BYTES, QUEUED_MAX_MESSAGE_BYTES
 from ..wire.tiered import parser as tiered_parser
 from ..wire.tiered.connection import TieredOptions, TieredSession
 from ..wire.tiered.routing import UnknownRoute, duplex_off_answer_text, select_route
@@ -129,9 +130,11 @@ class Handshake:
         slot = self._admission.try_acquire()
         held: list[str | bytes] = []  # what a queued client sent while it waited, handed over in order
         if slot is None and self._admission.queue_capacity:
+            limit_messages(websocket, QUEUED_MAX_MESSAGE_BYTES)  # no session yet: no more than a first message
             slot, reason = await self._queue_for_slot(websocket, held)
             if slot is None and reason is None:
                 return  # the client left while queued
+            limit_messages(websocket, self._config.tiered_max_message_bytes)
         else:
             reason = "resource_exhausted"
         if slot is None:
@@ -207,6 +210,11 @@ class Handshake:
                     if message["type"] == "websocket.disconnect":
                         return None, None
                     data = message.get("text") if message.get("text") is not None else message.get("bytes")
+                    if data is not None and len(data) > QUEUED_MAX_MESSAGE_BYTES:
+                        # Where our protocol does not serve the socket (vLLM-Omni's uvicorn) the size is checked here
+                        with contextlib.suppress(Exception):
+                            await websocket.close(1009)
+                        return None, None
                     if data is not None:
                         held.append(data)
                         held_bytes += len(data)

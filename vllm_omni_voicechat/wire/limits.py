@@ -21,6 +21,11 @@ FIRST_MESSAGE_MAX_BYTES = 1 << 20
 """A tiered socket's first message when it must send one (``autostart=0``): a ``session.update`` or
 ``session.resume``; a connection that has no session yet holds no more than this."""
 
+QUEUED_MAX_MESSAGE_BYTES = 1 << 20
+"""A message from a tiered client waiting in the admission queue (it has no session yet, so no more than a first
+message; its messages wait in memory, up to the inbox's bounds, until it is admitted): a ``session.update`` with the
+largest instructions and tools is ~200 KB, an audio append a few KB. Once admitted, the dialect's size."""
+
 MAX_JSON_CONTAINERS = 10_000
 """Objects and arrays in one client message, counted as opening brackets (those inside strings count too: an upper
 bound). 128 tools with nested schemas are ~3,000; an audio append has 1-2."""
