@@ -7,7 +7,7 @@ The talker sends one 80 ms append per tick on an absolute schedule; its **lag** 
 server's ``voicechat.metrics`` for that frame arrives (every frame gets one, gated or a position). Attacks:
 
 - ``json_bomb_v3``: a v3 session sends 15 MB frames of nested empty lists back to back (reconnecting when closed);
-- ``json_bomb_tiered``: the same on a tiered session;
+- ``json_bomb_tiered``: the same on a tiered session (after its ``session.update``: an admitted session's frames);
 - ``connection_flood``: 1,000 v3 connections beyond the slots, 100 at a time;
 - ``idle_tcp``: 300 TCP connections that never send a byte (how many the server still holds at the end);
 - ``echo``: a v3 session sends events whose type is 900 KB (the bytes it gets back);
@@ -135,6 +135,8 @@ async def json_bomb(url: str, path: str, stop: asyncio.Event, stats: dict) -> No
     while not stop.is_set():
         try:
             async with connect(url + path, max_size=None, ping_interval=None, open_timeout=10) as ws:
+                if path == "/v1/duplex":  # admitted first: a session's frames, not a first message's
+                    await ws.send(json.dumps({"type": "session.update", "session": {"instructions": "Be brief."}}))
                 drain = asyncio.create_task(_drain(ws))
                 while not stop.is_set():
                     await ws.send(BOMB)
