@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from vllm_omni_voicechat.session.lifecycle import TurnState
 from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.wire.tiered import parser as P
 from vllm_omni_voicechat.wire.tiered import projector as tiered_projector
@@ -1076,7 +1077,7 @@ def test_openai_manual_turns_the_commit_seals_and_settles_and_only_response_crea
     committed = d.run()
     assert types(committed) == OPENAI_COMMIT
     assert one(committed, "conversation.item.input_audio_transcription.completed")["transcript"] == "Hello there"
-    assert d.run() == [] and d.session.core.held_eou is not None  # settled, and nothing answers until response.create
+    assert d.run() == [] and d.session.core.turn_state is TurnState.HELD  # settled, and nothing answers until response.create
     assert d.send({"type": "response.create", "event_id": "r1"}) == []
     events = d.run()
     assert collapse(types(events)) == OPENAI_RESPONSE

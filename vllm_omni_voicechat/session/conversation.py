@@ -28,24 +28,13 @@ from .events import (
     TurnCommitted,
 )
 from .gate import MicFrame
+from .lifecycle import InputTurn, TurnLifecycle, TurnMove
 from .watchdog import AgentWatchdog
 
 if TYPE_CHECKING:
     from .core import SessionCore
     from .functions import FunctionCycles
     from .turns import TurnLedger
-
-
-@dataclass(slots=True)
-class InputTurn:
-    turn_id: str
-    source: Source
-    job_id: str | None
-    transcript: str = ""
-    settling: bool = False
-    """A procedure is ending this turn (settlement/EOU): a clear can no longer drop it."""
-    quiet: int = 0
-    """Consecutive quiet microphone frames (model-owned policy: ends a turn that never produced words)."""
 
 
 @dataclass(slots=True)
@@ -65,7 +54,8 @@ class Conversation:
         self._functions = functions
         self._turn_seq = 0
         self._response_seq = 0
-        self.input_turn: InputTurn | None = None
+        self.lifecycle = TurnLifecycle()
+        """The input turn: open, held, and its state (``lifecycle.py``)."""
         self.pending_transcript = ""
         """RNNT words heard while no turn was open (a turn opened next starts with them)."""
         self.response: Response | None = None
@@ -81,6 +71,10 @@ class Conversation:
 
     # ================================================================ brackets
 
+    @property
+    def input_turn(self) -> InputTurn | None:
+        return self.lifecycle.turn
+
     def new_turn_id(self) -> str:
         self._turn_seq += 1
         return f"turn_{self._session_id}_{self._turn_seq}"
@@ -88,12 +82,13 @@ class Conversation:
     def open_input_turn(self, turn_id: str, source: Source, job_id: str | None, correlation: int | str) -> InputTurn:
         turn = InputTurn(turn_id, source, job_id, self.pending_transcript)
         self.pending_transcript = ""
-        self.input_turn = turn
+        self.lifecycle.open(turn)
         self._emit(SpeechStarted(turn_id, source, job_id, correlation))
         return turn
 
-    def close_input_turn(self) -> str | None:
-        turn, self.input_turn = self.input_turn, None
+    def close_input_turn(self, move: TurnMove = TurnMove.CLOSE) -> str | None:
+        """The open turn's speech stopped and transcript completed (any move that ends it but ``CLEAR``); its id."""
+        turn = self.lifecycle.close(move)
         if turn is None:
             return None
         emit = self._emit
@@ -118,8 +113,12 @@ class Conversation:
         emit(AudioDone(response.turn_id, response.response_id, not response.audio_sent))
         emit(ResponseDone(response.turn_id, response.response_id, status, reason))
 
+    def clear_input_turn(self) -> InputTurn | None:
+        """The client dropped the open turn (``CLEAR``): no transcript completes."""
+        return self.lifecycle.close(TurnMove.CLEAR)
+
     def close_brackets(self, response_status: ResponseStatus, reason: str) -> None:
-        self.close_input_turn()
+        self.close_input_turn(TurnMove.ABANDON)
         self.close_response(response_status, reason)
 
     # ================================================================ publication
@@ -142,7 +141,7 @@ class Conversation:
             emit(ack)
         delta = result.rnnt.text_delta
         if delta:
-            turn = self.input_turn
+            turn = self.lifecycle.turn
             if turn is None:
                 self.pending_transcript += delta  # RNNT evidence never opens a turn
             else:
@@ -191,7 +190,7 @@ class Conversation:
                 input_audio=not m.kind.synthetic,
                 output_audio=bool(result.audio),
                 audio_delivered=delivered and bool(result.audio),
-                turn_id=self.input_turn.turn_id if self.input_turn else (response.turn_id if response else None),
+                turn_id=turn.turn_id if (turn := self.lifecycle.turn) else (response.turn_id if response else None),
                 response_id=response.response_id if response else None,
                 turn_state={
                     "open_client_turn_id": self._turns.open_client_turn_id,

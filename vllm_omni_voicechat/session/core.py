@@ -11,7 +11,8 @@ ordered list of native events and effects. The shell loop is::
 Client barriers are ordered with the audio around them in one work queue (``work.py``); the microphone's commands
 are checked at receipt by ``input_turns.py``, and each item runs as a procedure (``procedures.py``). What the
 client sees of a position is the conversation's (``conversation.py``); typed jobs and function cycles are their own
-modules. The lifecycle is one phase (``phase.py``).
+modules. The session's lifecycle is one phase (``phase.py``), the input turn's one state (``lifecycle.py``), each
+with its legal moves in one table.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from .commands import (
     Stop,
     SubmitFunctionOutput,
 )
-from .conversation import Conversation, InputTurn, Response
+from .conversation import Conversation, Response
 from .events import (
     AbortModel,
     CancelSynthesis,
@@ -70,6 +71,7 @@ from .functions import (
 )
 from .failure import SessionFailure
 from .gate import MicFrame
+from .lifecycle import TurnState
 from . import input_turns, procedures
 from .microphone import Microphone
 from .phase import Move, Phase, next_phase
@@ -180,11 +182,6 @@ class SessionCore:
         self.auto_eou = True
         """Model-owned EOU on the blank fence; off, only a ``CommitInput`` ends a turn."""
         self.eou_blank_frames = config.model_eou_blank_frames or config.settlement_blank_frames
-        self.last_turn_outcome: str | None = None
-        """How the last model-owned turn ended: ``eou`` (the model's own), ``committed`` (a client commit forced
-        the EOU), ``listen``, ``cleared`` or ``held`` (None before any)."""
-        self.held_eou: InputTurn | None = None
-        """A committed turn whose EOU waits for ``RespondNow``."""
 
     # ================================================================ state
 
@@ -238,15 +235,20 @@ class SessionCore:
         )
 
     @property
+    def turn_state(self) -> TurnState:
+        """The input turn's lifecycle state (``lifecycle.py``)."""
+        return self.conversation.lifecycle.state
+
+    @property
     def microphone_turn_open(self) -> bool:
-        turn = self.conversation.input_turn
+        turn = self.conversation.lifecycle.turn
         return turn is not None and turn.source == "microphone"
 
     @property
     def microphone_turn_settling(self) -> bool:
         """A microphone turn is being settled toward its EOU (or its held EOU)."""
-        turn = self.conversation.input_turn
-        return turn is not None and turn.source == "microphone" and turn.settling
+        lifecycle = self.conversation.lifecycle
+        return lifecycle.settling and lifecycle.turn is not None and lifecycle.turn.source == "microphone"
 
     @property
     def must_cancel(self) -> bool:

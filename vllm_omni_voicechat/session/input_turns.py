@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from .commands import AppendAudio, ClearInput, CommitInput, CommitTurn, StartTurn
 from .events import Error, InputCleared, SpeechStopped, TurnCommitted, TurnStarted
 from .failure import SessionFailure
+from .lifecycle import TurnState
 from .turns import Verdict
 from .work import CommitClientTurn, EndInput, OpenTurn, Reack
 
@@ -87,8 +88,7 @@ def clear_input(core: SessionCore, cmd: ClearInput) -> None:
     conv = core.conversation
     conv.pending_transcript = ""
     turn = conv.input_turn
-    if turn is not None and turn.source == "microphone" and not turn.settling:
-        conv.input_turn = None
-        core.last_turn_outcome = "cleared"
+    if turn is not None and turn.source == "microphone" and conv.lifecycle.state is TurnState.OPEN:
+        conv.clear_input_turn()
         core.emit(SpeechStopped(turn.turn_id, "microphone", None))
         core.emit(InputCleared(turn.turn_id))

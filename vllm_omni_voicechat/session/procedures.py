@@ -17,7 +17,7 @@ from ..audio.frames import INPUT_FRAME_BYTES, SILENT_INPUT_FRAME, FrameAssembler
 from ..model.port import NO_CONTROLS, AgentControl, PositionControls, StepResult
 from ..runner.stage0 import PositionKind
 from .commands import CancelResponse, Command, CommitInput, CommitTurn, RespondFirst, StartTurn
-from .conversation import InputTurn
+from .lifecycle import InputTurn, TurnMove, TurnState
 from .events import (
     AbortModel,
     ListenDecision,
@@ -67,29 +67,27 @@ def frame(core: SessionCore, kind: PositionKind, pcm: bytes, transport_frame: in
         if turn.transcript:
             core.emit(TranscriptDelta(turn.turn_id, turn.transcript, turn.transcript, "microphone", None))
     conv.publish(core, result)
-    if turn is None or turn is not conv.input_turn or turn.settling:
+    if turn is None or turn is not conv.input_turn or conv.lifecycle.settling:
         return
     turn.quiet = 0 if loud or result.rnnt.speech_confirmed else turn.quiet + 1
     fence = core.eou_blank_frames
     if turn.transcript and core.auto_eou and conv.blank_count >= fence - 1:
         yield from _model_eou(core, turn, "new_response")
     elif not turn.transcript and turn.quiet >= fence and conv.blank_count >= fence:
-        _listen(core, turn, "model_listen", None)
+        _listen(core, "model_listen", None)
 
 
 def _model_eou(core: SessionCore, turn: InputTurn, cancel_reason: str) -> Procedure:
     """End a model-owned turn: cancel a response it overlaps, then settle to the fence and fire the EOU."""
-    turn.settling = True
+    core.conversation.lifecycle.settle()
     if core.must_cancel:
         yield from cancel_tail(core, cancel_reason)
     yield from _settle_and_eou(core, None)
 
 
-def _listen(core: SessionCore, turn: InputTurn | None, reason: str, client_event_id: str | None) -> None:
-    turn_id = None
-    if turn is not None:
-        turn_id = core.conversation.close_input_turn()
-    core.last_turn_outcome = "listen"
+def _listen(core: SessionCore, reason: str, client_event_id: str | None) -> None:
+    """A listen decision: the open turn, if any, held no words the model heard."""
+    turn_id = core.conversation.close_input_turn(TurnMove.LISTEN)
     core.emit(ListenDecision(turn_id, reason, client_event_id))  # type: ignore[arg-type]
 
 
@@ -97,14 +95,15 @@ def _listen(core: SessionCore, turn: InputTurn | None, reason: str, client_event
 
 def end_input(core: SessionCore, cmd: CommitInput) -> Procedure:
     conv = core.conversation
-    turn = conv.input_turn
-    if turn is None or turn.source != "microphone":
-        if core.last_turn_outcome != "eou":
-            _listen(core, None, "silence_or_noise", cmd.client_event_id)
+    lifecycle = conv.lifecycle
+    turn = lifecycle.turn
+    if turn is None:
+        if lifecycle.state is not TurnState.ANSWERED:
+            _listen(core, "silence_or_noise", cmd.client_event_id)
         return  # the model-owned EOU already took this audio: a redundant commit is benign
-    if turn.settling:
+    if lifecycle.settling:
         return
-    turn.settling = True
+    lifecycle.settle()
     if core.must_cancel:
         yield from cancel_tail(core, "new_response")
     # Words still being decoded arrive during settlement; without any, the turn ends as a listen decision.
@@ -116,15 +115,13 @@ def end_input(core: SessionCore, cmd: CommitInput) -> Procedure:
         if steps >= 2 * core.eou_blank_frames:
             break
     if not turn.transcript:
-        _listen(core, turn, "silence_or_noise", cmd.client_event_id)
+        _listen(core, "silence_or_noise", cmd.client_event_id)
         return
-    yield from _settle_and_eou(core, None, hold=not cmd.respond)
-    if cmd.respond and core.last_turn_outcome == "eou":
-        core.last_turn_outcome = "committed"  # a second commit of nothing is the client's mistake
+    yield from _settle_and_eou(core, None, hold=not cmd.respond, forced=cmd.respond)
 
 
 def respond(core: SessionCore) -> Procedure:
-    turn, core.held_eou = core.held_eou, None
+    turn = core.conversation.lifecycle.respond()
     if turn is None:
         return
     if core.must_cancel:
@@ -141,6 +138,7 @@ def speak_first(core: SessionCore, cmd: RespondFirst) -> Procedure:
     if conv.input_turn is not None:
         return  # a user turn is open: it is what gets answered
     conv.open_input_turn(conv.new_turn_id(), "assistant", None, cmd.client_event_id or "")
+    conv.lifecycle.settle()
     yield from _settle_and_eou(core, None)
 
 
@@ -163,6 +161,7 @@ def commit_turn(core: SessionCore, cmd: CommitTurn, turn_id: str) -> Procedure:
         # The model self-started during the user turn: drain it before settling (§6.6).
         yield from cancel_tail(core, "pre_eou_activity_recovery:commit")
     ack = TurnCommitted(turn_id, cmd.client_turn_id, cmd.client_event_id)
+    core.conversation.lifecycle.settle()
     yield from _settle_and_eou(core, ack)
 
 
@@ -180,10 +179,13 @@ def typed(core: SessionCore, job: TypedJob) -> Procedure:
         if i == 0:
             # The commit point: emitted immediately before the first model mutation.
             job.state = "mutated"
+            if conv.input_turn is not None:
+                conv.close_input_turn(TurnMove.SUPERSEDE)  # the user spoke, then typed: one answer, to both
             core.emit(TypedInjectionStarted(job.job_id))
             conv.open_input_turn(job.turn_id, "typed", job.job_id, job.job_id)
         result = yield Plan(PositionKind.TYPED, pcm)
         conv.publish(core, result)
+    conv.lifecycle.settle()
     yield from _settle_and_eou(core, None)
     core.typed.finish(core, job, "completed")
 
@@ -239,14 +241,16 @@ def cancel_tail(core: SessionCore, reason: str) -> Procedure:
     )
 
 
-def _settle_and_eou(core: SessionCore, ack: TurnCommitted | None, *, hold: bool = False) -> Procedure:
-    """Settle to the RNNT fence, then the explicit EOU: fused into the fence position without tools.
+def _settle_and_eou(core: SessionCore, ack: TurnCommitted | None, *, hold: bool = False,
+                    forced: bool = False) -> Procedure:
+    """Settle the settling turn to the RNNT fence, then the explicit EOU: fused into the fence position without
+    tools.
 
     ``hold``: settle to the fence (the transcript is complete), close the turn and hold its EOU for
-    ``RespondNow`` (``CommitInput(respond=False)``)."""
+    ``RespondNow`` (``CommitInput(respond=False)``). ``forced``: the client's commit forces this EOU."""
     conv = core.conversation
     turn = conv.input_turn
-    assert turn is not None
+    assert turn is not None and conv.lifecycle.settling
     fused = not hold and not (core.prompt and core.prompt.tools)
     settlement = Settlement(fence=core.config.settlement_blank_frames, fused=fused, blank_count=conv.blank_count)
     while not (not fused and settlement.fence_met):
@@ -263,8 +267,8 @@ def _settle_and_eou(core: SessionCore, ack: TurnCommitted | None, *, hold: bool 
             )
         if outcome.kind == "fused_terminal":
             conv.eou_turn_id = turn.turn_id
-            core.last_turn_outcome = "eou"
             conv.publish(core, result, ack=ack, close_turn=True)
+            conv.lifecycle.answered(forced=forced)
             return
         conv.publish(core, result)
         if outcome.kind == "fence_reached":
@@ -274,18 +278,17 @@ def _settle_and_eou(core: SessionCore, ack: TurnCommitted | None, *, hold: bool 
         core.emit(ack)
     conv.close_input_turn()
     if hold:
-        core.held_eou = turn
-        core.last_turn_outcome = "held"
+        conv.lifecycle.hold(turn)
         return
-    yield from _eou_position(core, turn)
+    yield from _eou_position(core, turn, forced=forced)
 
 
-def _eou_position(core: SessionCore, turn: InputTurn) -> Procedure:
+def _eou_position(core: SessionCore, turn: InputTurn, *, forced: bool = False) -> Procedure:
     """One explicit EOU position: agent BOS, or a function cycle whose BOS is deferred."""
     conv = core.conversation
     result = yield Plan(PositionKind.EOU, SILENT_INPUT_FRAME, PositionControls(eou_now=True))
     conv.eou_turn_id = turn.turn_id
-    core.last_turn_outcome = "eou"
+    conv.lifecycle.answered(forced=forced)
     details = {"source": turn.source, "job_id": turn.job_id}
     if result.agent.control is not AgentControl.AGENT_BOS:
         if result.function.busy:

@@ -30,6 +30,7 @@ from ...session.commands import (
     SubmitFunctionOutput,
 )
 from ...session.core import SessionCore, Tick
+from ...session.lifecycle import TurnState
 from ..session import WireSession
 from ..transport import CloseTransport, WireText, compact_json
 from . import parser as p
@@ -307,7 +308,7 @@ class TieredSession(WireSession):
             out = self._project(self.core.receive(ClearInput(e.event_id), now), now)
             return out + self._emit([self.projector.listen("silence_or_noise")], now)
         if not self.input_buffer.uncommitted and not self.core.microphone_turn_open:
-            if self.core.last_turn_outcome == "eou":
+            if self.core.turn_state is TurnState.ANSWERED:
                 return []  # the model-owned EOU already took this audio
             return self._error("input_audio_buffer_empty", "no audio to commit", e.event_id, None, now)
         out: list[TieredOutput] = []
