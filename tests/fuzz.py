@@ -378,9 +378,10 @@ class V3Episode(_Episode):
         frame = message if isinstance(message, (str, bytes)) else json.dumps(message)
         self.checker.client_event(frame)
         self.dispatch(self.call(self.session.receive, frame, self.clock.now))
-        if self.ended is None and not self.session.held_messages:
-            # Answered at once unless it waits behind an unfinished barrier (a prefill, a turn ack): then it is
-            # answered once that barrier is through, and the episode's end checks it.
+        if self.ended is None and not self.session.held_messages and not self.core.typed.waiting:
+            # Answered at once unless it waits behind an unfinished barrier (a prefill, a turn ack) or a typed
+            # request waits for the job that already mutated the model (§9): then it is answered once that is
+            # through, and the episode's end checks it.
             self.checker.settled()
 
     def append_event(self, pcm: bytes) -> dict:

@@ -292,6 +292,24 @@ def test_answers_are_in_client_order():
     assert any("#1 (<invalid json>) was not answered before this answer to #2" in s for s in v), v
 
 
+def test_an_id_the_client_reused_is_not_read_as_the_later_events_wrong_answer():
+    """Found by the v3 fuzzer (seeds 1048, 1049, 1092): a function output and then a face-invalid event with the same
+    ``event_id``; the output's own error echoes that id first. Which event it answers cannot be told from the id."""
+    e = V3()
+    output = {"type": "conversation.item.create", "event_id": "m",
+              "item": {"type": "function_call_output", "call_id": "c", "output": "o"}}
+    trace = v3_open(e) + [("C", output), ("C", {"type": "response.cancel", "event_id": "m"}),
+                          ("S", e.error("tools_not_set", echo="m")), ("S", e.error("unsupported_event", echo="m"))]
+    c = feed(TraceChecker("v3"), trace)
+    c.settled()
+    assert c.violations == []
+    # An id used once still is: the wrong code is reported.
+    e = V3()
+    trace = v3_open(e) + [("C", {"type": "response.cancel", "event_id": "m"}), ("S", e.error("tools_not_set", echo="m"))]
+    v = check(trace)
+    assert any("answered with tools_not_set, expected unsupported_event" in s for s in v), v
+
+
 def test_error_echoing_an_unknown_id_is_reported():
     e = V3()
     v = check(v3_open(e) + [("S", e.error("invalid_json", echo="never-sent"))])

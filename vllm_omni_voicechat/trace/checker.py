@@ -527,6 +527,8 @@ class TraceChecker:
         if not matched and echo is not None:
             for owed in self._owed:  # the right event, the wrong code
                 if not owed.answered and owed.echo is not None and echo_key(owed.echo) == echo_key(echo) and owed.codes:
+                    if self._sent_ids.get(echo_key(echo)) != owed.index:
+                        break  # an earlier event carried the same id: the error may be that event's answer
                     owed.answered = True
                     self._fail(f"{where}: client event #{owed.index} ({owed.type}) answered with {code}, "
                                f"expected {'|'.join(sorted(owed.codes))}")
