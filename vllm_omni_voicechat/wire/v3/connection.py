@@ -7,7 +7,6 @@ hosts drive it; its events come out as :class:`~vllm_omni_voicechat.wire.transpo
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +24,7 @@ from ...session.commands import (
     SubmitFunctionOutput,
 )
 from ...session.core import SessionCore, Tick
-from ...session.tools import InvalidTools, normalize_tools
-from ..limits import MAX_INSTRUCTIONS_CHARS, MAX_JSON_CONTAINERS, too_many_containers
 from ..transport import (
-    MAX_ECHOED_ID_CHARS,
     CloseTransport,
     WireText,
     close_reason,
@@ -36,7 +32,7 @@ from ..transport import (
     server_json,
 )
 from ..session import WireSession
-from .audio import AudioRejected, decode_append
+from . import parser
 from .project import V3Projector, WireEvent
 from .schema import (
     CLOSE_NORMAL,
@@ -50,7 +46,6 @@ from .schema import (
     created_session,
 )
 
-_MISSING = object()
 V3Output = WireText | ev.Effect | CloseTransport
 
 
@@ -172,22 +167,10 @@ class V3Session(WireSession):
 
     def _receive(self, message: str | bytes, now: float) -> list[V3Output]:
         self._wire_bytes = len(message) if isinstance(message, bytes) or message.isascii() else len(message.encode())
-        if isinstance(message, (bytes, bytearray)):
-            return [self._error("binary_audio_unsupported", "binary frames are not supported; send JSON text")]
-        if too_many_containers(message):
-            return [self._error("event_too_large", f"more than {MAX_JSON_CONTAINERS} JSON objects and arrays; "
-                                "event refused", max_json_containers=MAX_JSON_CONTAINERS)]
-        try:
-            msg = json.loads(message)
-        except (ValueError, RecursionError) as exc:  # RecursionError: hostile nesting depth
-            return [self._error("invalid_json", f"invalid JSON: {exc}")]
-        if not isinstance(msg, dict):
-            return [self._error("invalid_event", "a client event must be a JSON object")]
-        type_ = msg.get("type")
-        handler = _HANDLERS.get(type_) if isinstance(type_, str) else None
-        if handler is None:
-            return [self._error("unsupported_event", f"Unsupported event: {type_}", _event_id(msg))]
-        return handler(self, msg, now)
+        env = parser.read(message)
+        if isinstance(env, parser.Refused):
+            return [self._refused(env)]
+        return _HANDLERS[env.type](self, env, now)
 
     def poll(self, now: float) -> Tick:
         silence = self._silence(now)
@@ -248,18 +231,19 @@ class V3Session(WireSession):
             max_outbound_events=max_outbound_events))
 
     # ================================================================ client events
+    # Each handler runs the checks the contract puts before the event's shape, then its parser, then the rest.
 
-    def _session_update(self, msg: dict, now: float) -> list[V3Output]:
-        cid = _event_id(msg)
+    def _session_update(self, env: parser.Envelope, now: float) -> list[V3Output]:
+        cid = env.event_id
         if self.core.settings_locked or self.core.input_active:
             return [self._error("settings_locked", "session settings are locked after the first model input", cid)]
-        session = msg.get("session", _MISSING)
-        if not isinstance(session, dict):
-            return [self._error("invalid_session_update", "session must be an object", cid)]
-        version = session.get("protocol_version", _MISSING)
+        update = parser.session_update(env)
+        if isinstance(update, parser.Refused):
+            return [self._refused(update)]
+        version = update.version
         version_ok = _is_int(version) and version == PROTOCOL["version"]
         if not self._configured_once and not version_ok:
-            requested = None if version is _MISSING else version
+            requested = None if version is parser.MISSING else version
             return self._project(
                 self.core.abort_session(
                     "unsupported_protocol_version",
@@ -269,78 +253,48 @@ class V3Session(WireSession):
                     details={"requested_version": requested},
                     closed=("failed", "unsupported_protocol_version"),
                 ), now)
-        if version is not _MISSING and not version_ok:
-            return [
-                self._error(
-                    "unsupported_protocol_version",
-                    f"protocol_version must be 3, not {version!r}",
-                    cid,
-                    requested_version=version,
-                )
-            ]
+        if version is not parser.MISSING and not version_ok:
+            return [self._error("unsupported_protocol_version", f"protocol_version must be 3, not {version!r}", cid,
+                                requested_version=version)]
+        if update.capabilities is not None:
+            return [self._refused(update.capabilities)]
         mode = self._model_output_mode
-        caps = session.get("capabilities", _MISSING)
-        if caps is not _MISSING:
-            if not isinstance(caps, dict):
-                return [self._error("invalid_session_capabilities", "session.capabilities must be an object", cid)]
-            requested_mode = caps.get("function_output_model_output")
-            if requested_mode not in (None, MODEL_OUTPUT_MODE):
-                return [
-                    self._error(
-                        "unsupported_session_capability",
-                        f"function_output_model_output must be null or {MODEL_OUTPUT_MODE!r}",
-                        cid,
-                    )
-                ]
-            if self._configured_once and requested_mode != self._model_output_mode:
+        if update.model_output_mode is not parser.MISSING:
+            if self._configured_once and update.model_output_mode != mode:
                 return [self._error("settings_locked", "negotiated capabilities cannot change", cid)]
-            mode = requested_mode
+            mode = update.model_output_mode
+        if update.problem is not None:
+            return [self._refused(update.problem)]
         current = self.core.prompt or SessionPrompt(self.options.default_instructions)
-        instructions = session.get("instructions", _MISSING)
-        if instructions is _MISSING:
+        instructions = update.instructions
+        if instructions is parser.MISSING:
             instructions = current.instructions
         elif instructions is None:
             instructions = self.options.default_instructions
-        elif not isinstance(instructions, str):
-            instructions = json.dumps(instructions) if isinstance(instructions, (dict, list)) else str(instructions)
-        if len(instructions) > MAX_INSTRUCTIONS_CHARS:
-            return [self._error("invalid_session_update", f"instructions are at most {MAX_INSTRUCTIONS_CHARS} "
-                                "characters", cid)]
-        tools_value = session.get("tools", _MISSING)
-        tools = current.tools
-        if tools_value is not _MISSING:
-            try:
-                tools = normalize_tools([] if tools_value is None else tools_value)
-            except InvalidTools as exc:
-                return [self._error("invalid_tools", str(exc), cid)]
+        tools = current.tools if update.tools is parser.MISSING else update.tools
         self._model_output_mode = mode
         return self._project(self.core.receive(Configure(SessionPrompt(instructions, tools), cid), now), now)
 
-    def _append(self, msg: dict, now: float) -> list[V3Output]:
-        cid = _event_id(msg)
+    def _append(self, env: parser.Envelope, now: float) -> list[V3Output]:
         if not self.core.configured:
-            return [self._error("session_not_configured", "send session.update before audio", cid)]
-        try:
-            pcm = decode_append(msg)
-        except AudioRejected as rejected:
-            return [self._error(rejected.code, rejected.message, cid)]
-        return self._project(self.core.receive(AppendAudio(pcm, cid, self._wire_bytes), now), now)
+            return [self._error("session_not_configured", "send session.update before audio", env.event_id)]
+        append = parser.append(env)
+        if isinstance(append, parser.Refused):
+            return [self._refused(append)]
+        return self._project(self.core.receive(AppendAudio(append.pcm, append.event_id, self._wire_bytes), now), now)
 
-    def _barrier(self, msg: dict, now: float) -> list[V3Output]:
+    def _barrier(self, env: parser.Envelope, now: float) -> list[V3Output]:
         if self.core.model_turns:  # the model owns turns: there are no client barriers
-            return [self._error("unsupported_event", f"Unsupported event: {msg['type']}", _event_id(msg))]
-        event_id = msg.get("event_id")
-        if not isinstance(event_id, str) or not event_id:
-            return self._violation("invalid_event_id", "turn barriers require a non-empty string event_id", now, None)
-        turn = msg.get("client_turn_id")
-        if not _is_int(turn) or turn < 1:
-            return self._violation(
-                "invalid_client_turn_id", f"client_turn_id must be an integer >= 1, not {turn!r}", now, event_id
-            )
-        if msg["type"] == "input_audio_buffer.turn_start":
-            command: StartTurn | CommitTurn = StartTurn(turn, event_id, self._wire_bytes)
-        else:  # commit diagnostics are trace-only and never fail a turn
-            command = CommitTurn(turn, event_id, self._wire_bytes)
+            return [self._error("unsupported_event", f"Unsupported event: {env.type}", env.event_id)]
+        barrier = parser.barrier(env)
+        if isinstance(barrier, parser.Refused):
+            return self._violation(barrier.code, barrier.message, now, barrier.event_id)
+        event_id = barrier.event_id
+        command: StartTurn | CommitTurn
+        if isinstance(barrier, parser.TurnStart):
+            command = StartTurn(barrier.client_turn_id, event_id, self._wire_bytes)
+        else:
+            command = CommitTurn(barrier.client_turn_id, event_id, self._wire_bytes)
         deferred = self.core.functions.holds(command)  # a deferred barrier is acked when it is replayed
         outputs = self.core.receive(command, now)
         if not deferred and not self.core.closed and not any(
@@ -350,30 +304,33 @@ class V3Session(WireSession):
             self._awaiting_ack = event_id  # queued behind the work before it: later frames wait for its ack
         return self._project(outputs, now)
 
-    def _typed(self, msg: dict, now: float) -> list[V3Output]:
-        return self._project(
-            self.core.receive(RequestTypedInput(msg.get("job_id"), msg.get("text"), _event_id(msg)), now), now)
+    def _typed(self, env: parser.Envelope, now: float) -> list[V3Output]:
+        request = parser.typed_request(env)
+        command = RequestTypedInput(request.job_id, request.text, request.event_id)
+        return self._project(self.core.receive(command, now), now)
 
-    def _item_create(self, msg: dict, now: float) -> list[V3Output]:
-        cid = _event_id(msg)
-        item = msg.get("item")
-        if not isinstance(item, dict) or item.get("type") != "function_call_output":
-            return [self._error("invalid_conversation_item", "item must be a function_call_output object", cid)]
+    def _item_create(self, env: parser.Envelope, now: float) -> list[V3Output]:
+        output = parser.item_create(env)
+        if isinstance(output, parser.Refused):
+            return [self._refused(output)]
         if not (self.core.prompt and self.core.prompt.tools):
-            return [self._error("tools_not_set", "no tools are configured for this session", cid)]
+            return [self._error("tools_not_set", "no tools are configured for this session", output.event_id)]
         command = SubmitFunctionOutput(
-            call_id=item.get("call_id"),
-            output=item.get("output"),
-            model_output=item.get("model_output"),
+            call_id=output.call_id,
+            output=output.output,
+            model_output=output.model_output,
             model_output_negotiated=self._model_output_mode == MODEL_OUTPUT_MODE,
-            client_event_id=cid,
+            client_event_id=output.event_id,
         )
         return self._project(self.core.receive(command, now), now)
 
-    def _stop(self, msg: dict, now: float) -> list[V3Output]:
-        return self._project(self.core.receive(Stop(_event_id(msg)), now), now)
+    def _stop(self, env: parser.Envelope, now: float) -> list[V3Output]:
+        return self._project(self.core.receive(Stop(parser.stop(env).event_id), now), now)
 
     # ================================================================ outputs
+
+    def _refused(self, refused: parser.Refused) -> WireText:
+        return self._error(refused.code, refused.message, refused.event_id, **(refused.details or {}))
 
     def _error(self, code: str, message: str, client_event_id: Any = None, **details: Any) -> WireText:
         if self.tally is not None:
@@ -424,14 +381,6 @@ def busy_error(session_id: str) -> WireText:
 
 def _text(event: WireEvent) -> WireText:
     return WireText(compact_json(event))
-
-
-def _event_id(msg: dict) -> Any:
-    """The client event id an error echoes; None for a string too long to echo (no amplification)."""
-    value = msg.get("event_id")
-    if isinstance(value, str):
-        return value if len(value) <= MAX_ECHOED_ID_CHARS else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 _HANDLERS = {
