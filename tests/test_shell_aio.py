@@ -391,3 +391,100 @@ def test_a_client_message_read_40_ms_or_more_after_it_arrived_is_counted_late():
         await asyncio.wait_for(task, 10)
 
     asyncio.run(main())
+
+
+def floods(slice_s: float, handle_s: float) -> list[str]:
+    """Two sessions with 12 client frames each in their inboxes, offered before either runs; the order the frames
+    were handled in. Each frame advances the shells' clock by ``handle_s``."""
+    from vllm_omni_voicechat.session.core import Tick
+
+    order: list[str] = []
+    now = [100.0]
+
+    class Wire:  # a wire session reduced to what the shell drives
+        closed = False
+        tally = None
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def poll(self, now_):
+            return Tick([])
+
+        def receive(self, message, now_):
+            order.append(self.name)
+            now[0] += handle_s
+            return []
+
+        def disconnect(self, now_):
+            self.closed = True
+            return []
+
+    async def main():
+        shells = [SessionShell(Wire(name), SimulatorModel(), lambda e: None, clock=lambda: now[0],
+                               backlog_slice_s=slice_s) for name in "AB"]
+        for shell in shells:
+            for k in range(12):
+                assert shell.offer_nowait(f"m{k}")
+        tasks = [asyncio.create_task(shell.run()) for shell in shells]
+        while len(order) < 24:
+            await asyncio.sleep(0)  # ok: the loop turns the test is about
+        for shell in shells:
+            shell.disconnect()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+    asyncio.run(main())
+    return order
+
+
+def test_a_flooding_client_holds_the_loop_for_a_slice_then_takes_turns():
+    """Client frames back to back share the inline positions' slice: a session whose inbox is full yields once it
+    has held the loop for its slice, so a flood costs the other sessions at most a slice a turn."""
+    assert runs(floods(0.0025, 0.001)) == [("A", 3), ("B", 3)] * 4
+    assert runs(floods(0.0, 0.001)) == [("A", 1), ("B", 1)] * 12
+    assert runs(floods(0.0025, 0.0)) == [("A", 12), ("B", 12)]  # frames that take no time never yield
+
+
+def test_typed_requests_replaced_as_fast_as_they_come_run_one_synthesis_at_a_time():
+    """A client replacing its typed request before the model was touched: a synthesis not started for a replaced
+    job never runs, so the shared executor holds at most one of this session's syntheses (30,000 requests queued
+    30,000 of them before)."""
+    from vllm_omni_voicechat.session.commands import RequestTypedInput
+    from vllm_omni_voicechat.session.events import TypedInjectionStarted
+
+    class HeldSynthesizer(SimulatorSynthesizer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.texts: list[str] = []
+            self.release = threading.Event()
+            self.running = 0
+            self.most_running = 0
+
+        def synthesize(self, text):
+            self.texts.append(text)
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            self.release.wait(10)
+            self.running -= 1
+            return super().synthesize(text)
+
+    async def main():
+        rec, synth = Recorder(), HeldSynthesizer()
+        shell = SessionShell(SessionCore(SessionConfig(session_id="S", settlement_blank_frames=3)), SimulatorModel(),
+                             rec, synthesizer=synth)
+        task = asyncio.create_task(shell.run())
+        shell.submit(Configure(SessionPrompt()))
+        await rec.wait_for(SessionConfigured)
+        for k in range(50):
+            shell.submit(RequestTypedInput(f"j{k}", f"text {k}"))
+        await shell.settled()
+        synth.release.set()
+        started = await rec.wait_for(TypedInjectionStarted)
+        shell.submit(Stop())
+        await asyncio.wait_for(task, 10)
+        return started, synth
+
+    started, synth = asyncio.run(main())
+    assert started.job_id == "j49"
+    # The one running when the rest came (which one depends on when the loop let the synthesis start), then the last.
+    assert synth.texts[-1] == "text 49" and len(synth.texts) <= 2 and synth.most_running == 1

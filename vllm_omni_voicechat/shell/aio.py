@@ -114,7 +114,8 @@ def _expire(waiter: asyncio.Future) -> None:
 
 
 BACKLOG_SLICE_S = 0.002
-"""How long a session's inline positions may run back to back before it yields the loop to the others."""
+"""How long a session's work may run back to back (inline positions, client frames) before it yields the loop to
+the others."""
 LATE_INBOX_S = LATE_MS / 1000.0
 """A client message that waited half a frame in the inbox was read late (the tally's ``late_inbox``)."""
 
@@ -186,6 +187,9 @@ class SessionShell:
         self.last_step_at: float | None = None  # when a position last completed (the server's stall check)
         self.cleanup_error: BaseException | None = None  # model.abort() failed: the model home is suspect
         self._released = False
+        self._synthesis_next: tuple[str, str] | None = None
+        """The typed job whose synthesis runs next (one at a time: a replaced job's never starts)."""
+        self._synthesizing = False
 
     # --- inputs -----------------------------------------------------------------------------------------
 
@@ -284,11 +288,7 @@ class SessionShell:
                         if not self._inline_steps:
                             result = await self._model_call(self.model.step, tick.position.input)
                         else:
-                            if slice_end is None:
-                                slice_end = now + self.backlog_slice_s
-                            elif now >= slice_end:
-                                await asyncio.sleep(0)  # the slice is spent: let the other sessions run
-                                slice_end = self._clock() + self.backlog_slice_s
+                            slice_end = await self._share(slice_end)
                             if self._model_lock.locked() or self._stray is not None:
                                 async with self._model_lock:  # after the prefill (or abort) in the executor
                                     await self._settle_stray()
@@ -303,7 +303,12 @@ class SessionShell:
                     await self._dispatch(outputs)
                     self._room.set()  # a position's ack may have released held frames
                     while not self.core.closed and not self._inbox.empty():
+                        slice_end = await self._share(slice_end)
                         await self._handle(self._inbox.get_nowait())
+                    continue
+                if not self._inbox.empty():  # client frames back to back: within the same slice
+                    slice_end = await self._share(slice_end)
+                    await self._handle(self._inbox.get_nowait())
                     continue
                 deadline = None
                 if tick.wake_at is not None:  # the shell's clock -> the loop's (they differ under test clocks)
@@ -314,6 +319,17 @@ class SessionShell:
                     await self._handle(self._inbox.get_nowait())
         finally:
             await self._teardown()
+
+    async def _share(self, slice_end: float | None) -> float:
+        """Work back to back (client frames, inline positions) holds the loop for at most a slice, then yields: a
+        client flooding its inbox gets its turn, not everyone's."""
+        now = self._clock()
+        if slice_end is None:
+            return now + self.backlog_slice_s
+        if now < slice_end:
+            return slice_end
+        await asyncio.sleep(0)
+        return self._clock() + self.backlog_slice_s
 
     async def _handle(self, item: Any) -> None:
         now = self._clock()
@@ -346,9 +362,14 @@ class SessionShell:
                 case Prefill(prompt=prompt):
                     self._spawn(self._prefill(prompt))
                 case StartSynthesis(job_id=job_id, text=text):
-                    self._spawn(self._synthesize(job_id, text))
-                case CancelSynthesis():
-                    pass  # a finished synthesis for a cancelled job is ignored by the core
+                    self._synthesis_next = (job_id, text)
+                    if not self._synthesizing:
+                        self._synthesizing = True
+                        self._spawn(self._synthesize())
+                case CancelSynthesis(job_id=job_id):
+                    # One not started never runs; a finished one for a cancelled job is ignored by the core.
+                    if self._synthesis_next is not None and self._synthesis_next[0] == job_id:
+                        self._synthesis_next = None
 
     async def _model_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in the executor after this session's earlier model calls have returned."""
@@ -388,19 +409,27 @@ class SessionShell:
         else:
             self._inbox.put_nowait(_Done(core.prefilled))
 
-    async def _synthesize(self, job_id: str, text: str) -> None:
+    async def _synthesize(self) -> None:
+        """The session's syntheses, one at a time: a client replacing its typed request as fast as it can queues no
+        more than one synthesis in the shared executor."""
         loop = asyncio.get_running_loop()
         core = self.core
         synth = self.synthesizer
         try:
-            if synth is None:
-                raise RuntimeError("no typed-input synthesizer")
-            # Synthesis has its own thread: it must not queue behind model positions.
-            pcm = await loop.run_in_executor(None, synth.synthesize, text)
-        except Exception as exc:
-            self._inbox.put_nowait(_Done(lambda now, e=exc: core.synthesis_failed(job_id, e, now)))
-        else:
-            self._inbox.put_nowait(_Done(lambda now: core.synthesis_done(job_id, pcm, now)))
+            while self._synthesis_next is not None:
+                job_id, text = self._synthesis_next
+                self._synthesis_next = None
+                try:
+                    if synth is None:
+                        raise RuntimeError("no typed-input synthesizer")
+                    # Synthesis has its own thread: it must not queue behind model positions.
+                    pcm = await loop.run_in_executor(None, synth.synthesize, text)
+                except Exception as exc:
+                    self._inbox.put_nowait(_Done(lambda now, j=job_id, e=exc: core.synthesis_failed(j, e, now)))
+                else:
+                    self._inbox.put_nowait(_Done(lambda now, j=job_id, p=pcm: core.synthesis_done(j, p, now)))
+        finally:
+            self._synthesizing = False
 
     async def _teardown(self) -> None:
         if not self.core.closed:  # cancelled from outside: tear down like a disconnect
