@@ -11,11 +11,16 @@ server's ``voicechat.metrics`` for that frame arrives (every frame gets one, gat
 - ``connection_flood``: 1,000 v3 connections beyond the slots, 100 at a time;
 - ``idle_tcp``: 300 TCP connections that never send a byte (how many the server still holds at the end);
 - ``echo``: a v3 session sends events whose type is 900 KB (the bytes it gets back);
-- ``queued_memory``: a tiered client waiting in the admission queue sends 15 MB frames.
+- ``queued_memory``: a tiered client waiting in the admission queue sends 15 MB frames;
+- ``slow_reader``: a v3 client streams its microphone in real time and never reads (when the server lets it go);
+- ``typed_flood``: a v3 session sends 30,000 ``input_text.request``s as fast as it can, reading the answers;
+- ``item_flood``: a tiered session adds 200 items of 1 MB (over the content limit), then small items without end;
+- ``resume_storm``: 20 clients resume a live tiered session with wrong tokens, back to back;
+- ``trickle``: a 15 MB tiered frame sent in 1 KiB writes, again and again.
 
 RSS is the server's before the attack (idle, the talker on, after one short session of each dialect), its peak
 during the attack (sampled every 50 ms) and after it (the attack's sockets closed, 6 s later: past the admission
-queue's 5 s timeout).
+queue's 5 s timeout and the tiered disconnect grace, 3 s here). The talker runs in a process of its own.
 
     .venv/bin/python benchmarks/hostile_clients.py --duration 10
     git worktree add /tmp/before <commit> && .venv/bin/python benchmarks/hostile_clients.py --baseline /tmp/before
@@ -32,6 +37,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,8 +51,12 @@ FRAME_S = 0.08
 AFTER_S = 6.0
 """When RSS is read again after an attack: past the admission queue's timeout (5 s here), when a server that stopped
 reading a queued client (TCP backpressure) learns that it left."""
+GRACE_S = 3.0
+"""The tiered disconnect grace here (30 s by default): an attacker's detached session has expired when RSS is read
+after the attack."""
 BOMB = json.dumps({"type": "bogus.event", "event_id": "bomb", "a": [[] for _ in range(2_400_000)]})  # ~15 MB
-ATTACKS = ("json_bomb_v3", "json_bomb_tiered", "connection_flood", "idle_tcp", "echo", "queued_memory")
+ATTACKS = ("json_bomb_v3", "json_bomb_tiered", "connection_flood", "idle_tcp", "echo", "queued_memory", "slow_reader",
+           "typed_flood", "item_flood", "resume_storm", "trickle")
 
 
 def free_port() -> int:
@@ -73,6 +83,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vllm_omni_voicechat.cli", "serve", "--port", str(self.port), "--max-sessions",
              str(max_sessions), "--admission-queue", str(admission_queue), "--admission-timeout-s", "5",
+             "--disconnect-grace-s", str(GRACE_S),
              "--log-level", "error"],
             env=env, cwd=str(tree), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
@@ -89,8 +100,8 @@ class Server:
         self.proc.wait(30)
 
 
-async def talker(url: str, stop: asyncio.Event, lags: list[float]) -> None:
-    """A v3 client streaming silence in real time; the lag of each frame's metrics."""
+async def talker(url: str, stop: asyncio.Event, lags: list[tuple[float, float]]) -> None:
+    """A v3 client streaming silence in real time; (when sent, lag) of each frame's metrics."""
     silence = json.dumps({"type": "input_audio_buffer.append", "encoding": "pcm16", "sample_rate": 16000,
                           "channels": 1, "audio": base64.b64encode(bytes(INPUT_FRAME_BYTES)).decode()})
     async with connect(url + "/v1/voicechat", max_size=None, ping_interval=None, open_timeout=30) as ws:
@@ -108,7 +119,8 @@ async def talker(url: str, stop: asyncio.Event, lags: list[float]) -> None:
                 if event["type"] == "voicechat.metrics":
                     frame = event.get("transport_frame")
                     if frame in sent:
-                        lags.append(time.monotonic() - sent.pop(frame))
+                        at = sent.pop(frame)
+                        lags.append((at, time.monotonic() - at))
 
         reader = asyncio.create_task(read())
         start = time.monotonic()
@@ -121,6 +133,23 @@ async def talker(url: str, stop: asyncio.Event, lags: list[float]) -> None:
         await asyncio.sleep(0.5)
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
+
+
+def talker_process(url: str, out: str) -> None:
+    """The talker in a process of its own (until SIGTERM): an attacker's client work on the same loop would read as
+    the server's lag. CLOCK_MONOTONIC is the machine's, so its times compare with the parent's."""
+    import signal
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        lags: list[tuple[float, float]] = []
+        try:
+            await talker(url, stop, lags)
+        finally:
+            Path(out).write_text(json.dumps(lags))
+
+    asyncio.run(main())
 
 
 async def _drain(ws) -> int:
@@ -232,6 +261,120 @@ async def queued_memory(url: str, stop: asyncio.Event, stats: dict, holders: int
         await h.close()
 
 
+def _append_text(pcm: bytes) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "encoding": "pcm16", "sample_rate": 16000, "channels": 1,
+                       "audio": base64.b64encode(pcm).decode()})
+
+
+async def slow_reader(url: str, stop: asyncio.Event, stats: dict) -> None:
+    """Streams in real time and never reads: the client library stops reading the socket once its queue is full."""
+    silence = _append_text(bytes(INPUT_FRAME_BYTES))
+    async with connect(url + "/v1/voicechat", max_size=None, max_queue=1, ping_interval=None, open_timeout=10) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"protocol_version": 3}}))
+        start = time.monotonic()
+        k = 0
+        try:
+            while not stop.is_set():
+                await asyncio.wait_for(ws.send(silence), 5.0)
+                k += 1
+                await asyncio.sleep(max(0.0, start + k * FRAME_S - time.monotonic()))
+        except Exception:
+            stats["closed_after_s"] = round(time.monotonic() - start, 1)
+        stats["frames_sent"] = k
+
+
+async def typed_flood(url: str, stop: asyncio.Event, stats: dict, total: int = 30_000) -> None:
+    async with connect(url + "/v1/voicechat", max_size=None, ping_interval=None, open_timeout=10) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"protocol_version": 3}}))
+        drain = asyncio.create_task(_drain(ws))
+        sent = 0
+        while not stop.is_set() and sent < total:
+            await ws.send(json.dumps({"type": "input_text.request", "job_id": f"j{sent}", "text": "tell me a joke"}))
+            sent += 1
+            if sent % 100 == 0:
+                await asyncio.sleep(0)
+        stats["requests"] = sent
+        drain.cancel()
+
+
+async def item_flood(url: str, stop: asyncio.Event, stats: dict) -> None:
+    async with connect(url + "/v1/duplex", max_size=None, ping_interval=None, open_timeout=10) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {}}))
+        drain = asyncio.create_task(_drain(ws))
+        big = "x" * 1_000_000
+        sent = 0
+        for k in range(200):
+            if stop.is_set():
+                break
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": big}]}}))
+            sent += 1
+        small = 0
+        while not stop.is_set():
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"item {small}"}]}}))
+            small += 1
+            if small % 50 == 0:
+                await asyncio.sleep(0)
+        stats["large_items"], stats["small_items"] = sent, small
+        drain.cancel()
+
+
+async def resume_storm(url: str, stop: asyncio.Event, stats: dict, clients: int = 20) -> None:
+    """The target is a live tiered session (attached, streaming); wrong-token resumes against it, back to back."""
+    async with connect(url + "/v1/duplex", max_size=None, ping_interval=None, open_timeout=10) as target:
+        await target.send(json.dumps({"type": "session.update", "session": {}}))
+        session_id = None
+        while session_id is None:
+            event = json.loads(await target.recv())
+            if event["type"] == "session.created":
+                session_id = event["session"]["id"] if "id" in event.get("session", {}) else event.get("session_id")
+        drain = asyncio.create_task(_drain(target))
+        refused = failed = 0
+
+        async def storm() -> None:
+            nonlocal refused, failed
+            while not stop.is_set():
+                try:
+                    async with connect(url + "/v1/duplex", max_size=None, ping_interval=None, open_timeout=10) as ws:
+                        await ws.send(json.dumps({"type": "session.resume", "session_id": session_id,
+                                                  "resume_token": "wrong", "last_received_server_event_seq": 0}))
+                        await _drain(ws)
+                    refused += 1
+                except Exception:
+                    failed += 1
+
+        await asyncio.gather(*(storm() for _ in range(clients)))
+        stats["session_id"] = session_id
+        stats["refused"], stats["failed"] = refused, failed
+        drain.cancel()
+
+
+async def trickle(url: str, stop: asyncio.Event, stats: dict, size: int = 15_000_000, piece: int = 1024) -> None:
+    """A whole frame's bytes in small writes on a raw socket (the client library writes a frame at once)."""
+    host, port = url.removeprefix("ws://").split(":")
+    while not stop.is_set():
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /v1/duplex HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        first = json.dumps({"type": "session.update", "session": {}}).encode()
+        writer.write(bytes([0x81, 0x80 | len(first)]) + bytes(4) + first)  # a zero mask: the payload as is
+        writer.write(bytes([0x81, 0x80 | 127]) + size.to_bytes(8, "big") + bytes(4))
+        body = BOMB.encode()[:size].ljust(size, b" ")
+        try:
+            for at in range(0, size, piece):
+                if stop.is_set():
+                    break
+                writer.write(body[at:at + piece])
+                await writer.drain()
+                stats["bytes"] = stats.get("bytes", 0) + piece
+        except OSError:
+            pass
+        writer.close()
+        stats["frames"] = stats.get("frames", 0) + 1
+
+
 async def warm_up(url: str) -> None:
     """One short session of each dialect first: the idle baseline is a server that has served both (lazy imports and
     first-use caches are not the attack's)."""
@@ -248,13 +391,12 @@ async def warm_up(url: str) -> None:
 
 
 async def run_attack(url: str, pid: int, name: str, duration: float, holders: int) -> dict:
-    stop_talker, stop_attack = asyncio.Event(), asyncio.Event()
-    lags: list[float] = []
+    stop_attack = asyncio.Event()
     await warm_up(url)
-    talk = asyncio.create_task(talker(url, stop_talker, lags))
+    lag_file = Path(tempfile.mkstemp(suffix=".json")[1])
+    talk = subprocess.Popen([sys.executable, __file__, "--talker", url, str(lag_file)])
     await asyncio.sleep(3.0)  # warm: the talker's session runs
     _, rss_before = proc_stat(pid)
-    baseline_lags = len(lags)
     cpu0, _ = proc_stat(pid)
     stats: dict = {}
     attack = {
@@ -264,6 +406,11 @@ async def run_attack(url: str, pid: int, name: str, duration: float, holders: in
         "idle_tcp": lambda: idle_tcp(url, stop_attack, stats),
         "echo": lambda: echo(url, stop_attack, stats),
         "queued_memory": lambda: queued_memory(url, stop_attack, stats, holders),
+        "slow_reader": lambda: slow_reader(url, stop_attack, stats),
+        "typed_flood": lambda: typed_flood(url, stop_attack, stats),
+        "item_flood": lambda: item_flood(url, stop_attack, stats),
+        "resume_storm": lambda: resume_storm(url, stop_attack, stats),
+        "trickle": lambda: trickle(url, stop_attack, stats),
     }[name]()
     task = asyncio.create_task(attack)
     peak = rss_before
@@ -271,16 +418,17 @@ async def run_attack(url: str, pid: int, name: str, duration: float, holders: in
     while time.monotonic() - t0 < duration:
         await asyncio.sleep(0.05)
         peak = max(peak, proc_stat(pid)[1])
-    attack_lags = lags[baseline_lags:]
+    t1 = time.monotonic()
     stop_attack.set()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(task, 30)
     cpu1, _ = proc_stat(pid)
     await asyncio.sleep(AFTER_S)
     _, rss_after = proc_stat(pid)
-    stop_talker.set()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(talk, 10)
+    talk.terminate()
+    talk.wait(15)
+    attack_lags = [lag for at, lag in json.loads(lag_file.read_text() or "[]") if t0 <= at <= t1]
+    lag_file.unlink()
     a = np.asarray(attack_lags or [float("nan")]) * 1000
     return {"attack": name, "talker_frames": len(attack_lags),
             "lag_ms": {"p50": round(float(np.percentile(a, 50)), 1), "p99": round(float(np.percentile(a, 99)), 1),
@@ -310,6 +458,9 @@ def run_tree(tree: Path, label: str, attacks: list[str], duration: float) -> lis
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--talker"]:
+        talker_process(sys.argv[2], sys.argv[3])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per attack (default 10)")
     parser.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated (default: all)")
