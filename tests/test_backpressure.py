@@ -143,6 +143,60 @@ def test_v3_stalled_reader_fails_its_session_while_another_session_answers():
         assert app.usage.ended[("v3", "output_backpressure")] == 1  # not counted as the client leaving
 
 
+def test_a_reader_that_stopped_is_found_by_its_acknowledgements_before_any_buffer_fills():
+    """A quiet v3 session (metrics events only) whose client stops reading: the kernel's send buffer and the
+    transport's would take minutes to fill at ~5 KB/s, so the transport never pauses here (its high-water mark is
+    set out of reach). The peer's acknowledgements stop once its receive buffer is full; nothing acknowledged for the
+    stall timeout while bytes wait is a reader that stopped: the session fails as for the bounds."""
+    config = ServerConfig(settlement_blank_frames=3, outbound_stall_timeout_s=1.0, outbound_close_timeout_s=0.5)
+    with running_app(config) as (url, app):
+        stalled = StalledClient(url + "/v1/voicechat")
+        sid = stalled.recv_type("session.created")["session_id"]
+        outbox = wait_until(lambda: app.host.outbox(sid))
+        asgi_transport(outbox.websocket).set_write_buffer_limits(high=1 << 30)  # never pauses: only acks tell
+        stalled.send(UPDATE)
+        stalled.recv_type("session.updated")
+        for _ in range(20):  # 240 frames: 240 metrics events, far more than the client's 4 KiB receive buffer
+            stalled.send(append(SILENCE_1S))
+        stats = wait_until(lambda: stats_of(app, sid))
+        assert stats["outbound_overflows"] == 1
+        assert app.usage.ended[("v3", "output_backpressure")] == 1
+        stalled.close()
+
+
+def test_ack_watch_says_stalled_only_after_nothing_was_acknowledged_for_the_timeout_while_bytes_waited():
+    from vllm_omni_voicechat.server.acks import AckWatch
+
+    w = AckWatch(10.0, now=0.0)
+    assert not w.stalled(5.0, written=1000, buffered=0, unacked=200, queued=0)  # 800 acknowledged: progress
+    assert not w.stalled(14.0, written=1000, buffered=0, unacked=200, queued=0)  # 9 s without: not yet
+    assert w.stalled(15.0, written=1000, buffered=0, unacked=200, queued=0)
+    assert not w.stalled(16.0, written=1500, buffered=300, unacked=150, queued=0)  # 1,050 now: progress again
+    assert not w.stalled(40.0, written=1500, buffered=0, unacked=0, queued=0)  # nothing waits: an idle peer
+    assert not w.stalled(45.0, written=1500, buffered=0, unacked=0, queued=70)  # the wait starts now
+    assert not w.stalled(54.9, written=1500, buffered=0, unacked=0, queued=70)
+    assert w.stalled(55.0, written=1500, buffered=0, unacked=0, queued=70)
+
+
+def test_unacked_bytes_reads_the_kernels_send_queue_of_a_tcp_socket():
+    from vllm_omni_voicechat.server.acks import unacked_bytes
+
+    assert unacked_bytes(None) is None
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(server.getsockname())
+        peer, _ = server.accept()
+        with client, peer:
+            assert unacked_bytes(peer) == 0
+            peer.setblocking(False)
+            sent = 0
+            with pytest.raises(BlockingIOError):
+                while True:  # the client never reads: its window closes, then our send buffer fills
+                    sent += peer.send(bytes(65536))
+            assert 0 < unacked_bytes(peer) <= sent
+
+
 def test_tiered_stalled_reader_is_detached_and_resumes_from_the_journal():
     with running_app(first_session_endless(disconnect_grace_s=30.0)) as (url, app):
         stalled = StalledClient(url + "/v1/duplex?model=sim")

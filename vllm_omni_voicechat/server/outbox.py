@@ -11,9 +11,12 @@ from typing import Any
 from starlette.websockets import WebSocket
 
 from ..trace.tap import Trace, traced
+from .acks import AckWatch, unacked_bytes
 from .config import ServerConfig
 from .uvicorn import AbortableWebSockets, protocol_for, transport_for
 
+ACK_CHECK_S = 5.0
+"""How often the peer's acknowledgements are looked at (at most; a quarter of the stall timeout when that is shorter)."""
 BATCH_EVENTS = 64
 BATCH_BYTES = 1 << 20
 """At most this many events / bytes in one transport write (a position's events are a few small ones)."""
@@ -62,6 +65,14 @@ class Outbox:
         self._flush_at: asyncio.Handle | None = None
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._write())
+        # Our protocol's socket: a peer that acknowledges nothing for the stall timeout while bytes wait has stopped
+        # reading, whether or not the kernel's send buffer is full yet.
+        self._acks: AckWatch | None = None
+        self._ack_timer: asyncio.TimerHandle | None = None
+        if self._direct is not None and self.stall_timeout_s is not None:
+            self._acks = AckWatch(self.stall_timeout_s, self._loop.time())
+            self._ack_every = min(ACK_CHECK_S, self.stall_timeout_s / 4)
+            self._ack_timer = self._loop.call_later(self._ack_every, self._check_acks)
 
     @property
     def queued_events(self) -> int:
@@ -143,9 +154,11 @@ class Outbox:
             if not done and self._progress == seen:
                 self.abort()
         await asyncio.gather(self._task, return_exceptions=True)
+        self._stop_watching()
 
     def abort(self) -> None:
         """Stop writing and drop the connection now."""
+        self._stop_watching()
         self.gone = True
         self._clear()
         self._task.cancel()
@@ -200,12 +213,33 @@ class Outbox:
         finally:
             timer.cancel()
 
+    def _check_acks(self) -> None:
+        self._ack_timer = None
+        direct, acks = self._direct, self._acks
+        if self.gone or self.overflowed or self._task.done() or direct is None or acks is None:
+            return
+        transport = direct.transport
+        unacked = unacked_bytes(transport.get_extra_info("socket"))
+        if unacked is None:
+            return  # the kernel cannot say: the transport's own stall timer stands alone
+        if acks.stalled(self._loop.time(), written=direct.written_bytes, buffered=transport.get_write_buffer_size(),
+                        unacked=unacked, queued=self.queued_bytes):
+            self._stalled()
+            return
+        self._ack_timer = self._loop.call_later(self._ack_every, self._check_acks)
+
+    def _stop_watching(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+
     def _stalled(self) -> None:
         if not self.overflowed:
             self.stalled = self.overflowed = True
             self._on_overflow()
 
     def _lost(self) -> None:
+        self._stop_watching()
         self.gone = True
         self._clear()
         self._on_gone(self)

@@ -75,6 +75,8 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
 
     receiver: Callable[[str | bytes], None] | None = None
     """Takes each client message instead of the ASGI queue while set (server/reader.py)."""
+    written_bytes = 0
+    """Bytes :meth:`write_texts` handed to the transport (the outbox's acknowledgement watch)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         self.voicechat_key = _key(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
@@ -215,14 +217,18 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
                 parts.append(bytes((0x81, n)) if n < 126 else _HEAD16.pack(0x81, 126, n) if n < 65536
                              else _HEAD64.pack(0x81, 127, n))
                 parts.append(data)
-            self.transport.write(b"".join(parts))
+            data = b"".join(parts)
+            self.written_bytes += len(data)
+            self.transport.write(data)
             return
         try:
             for text in texts:
                 conn.send_text(text.encode())
         except Exception as exc:  # InvalidState: the peer's close arrived
             raise ConnectionError(str(exc)) from exc
-        self.transport.write(b"".join(conn.data_to_send()))
+        data = b"".join(conn.data_to_send())
+        self.written_bytes += len(data)
+        self.transport.write(data)
 
     def send_receive_event_to_app(self) -> None:
         receiver = self.receiver
