@@ -132,6 +132,26 @@ def test_request_while_a_job_is_injecting_waits_for_it_to_finish():
     assert ("TypedInjectionFinished", "b", "completed") in p
 
 
+def test_at_most_eight_requests_wait_behind_a_job_that_mutated_the_model_and_the_ninth_is_refused():
+    """The limit on typed requests in flight (``MAX_QUEUED_TYPED_REQUESTS``): one job active, eight waiting; the
+    next is answered at once with ``typed_input_unavailable`` and the waiting ones still run, in order."""
+    from vllm_omni_voicechat.session.typed import MAX_QUEUED_TYPED_REQUESTS
+
+    assert MAX_QUEUED_TYPED_REQUESTS == 8
+    d = session(settlement_blank_frames=2)
+    d.send(RequestTypedInput("a", "one"))
+    tick = d.core.poll(d.clock.now)  # "a" has mutated the model: later requests wait behind it
+    d.dispatch(tick.outputs)
+    d.events.clear()
+    for k in range(MAX_QUEUED_TYPED_REQUESTS):
+        assert d.send(RequestTypedInput(f"w{k}", "hi")) == []
+    assert protocol(d.send(RequestTypedInput("over", "hi"))) == [("TypedRejected", "over", "typed_input_unavailable")]
+    d.dispatch(d.core.complete(tick.position, d.model.step(tick.position.input), d.clock.now))
+    d.run()
+    finished = [p[1] for p in protocol(d.events) if p[0] == "TypedInjectionFinished"]
+    assert finished == ["a", *(f"w{k}" for k in range(MAX_QUEUED_TYPED_REQUESTS))]
+
+
 def test_typed_request_cancels_the_open_response_with_reason_typed_input():
     d = session(settlement_blank_frames=2)
     d.send(StartTurn(1, "s1"))
