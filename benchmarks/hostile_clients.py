@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -42,7 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import machine_info, now_utc, write_report
+from _common import machine_info, now_utc, v3_append, write_report
 from websockets.asyncio.client import connect
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
@@ -102,8 +101,7 @@ class Server:
 
 async def talker(url: str, stop: asyncio.Event, lags: list[tuple[float, float]]) -> None:
     """A v3 client streaming silence in real time; (when sent, lag) of each frame's metrics."""
-    silence = json.dumps({"type": "input_audio_buffer.append", "encoding": "pcm16", "sample_rate": 16000,
-                          "channels": 1, "audio": base64.b64encode(bytes(INPUT_FRAME_BYTES)).decode()})
+    silence = v3_append(bytes(INPUT_FRAME_BYTES))
     async with connect(url + "/v1/voicechat", max_size=None, ping_interval=None, open_timeout=30) as ws:
         while json.loads(await ws.recv())["type"] != "session.created":
             pass
@@ -261,14 +259,9 @@ async def queued_memory(url: str, stop: asyncio.Event, stats: dict, holders: int
         await h.close()
 
 
-def _append_text(pcm: bytes) -> str:
-    return json.dumps({"type": "input_audio_buffer.append", "encoding": "pcm16", "sample_rate": 16000, "channels": 1,
-                       "audio": base64.b64encode(pcm).decode()})
-
-
 async def slow_reader(url: str, stop: asyncio.Event, stats: dict) -> None:
     """Streams in real time and never reads: the client library stops reading the socket once its queue is full."""
-    silence = _append_text(bytes(INPUT_FRAME_BYTES))
+    silence = v3_append(bytes(INPUT_FRAME_BYTES))
     async with connect(url + "/v1/voicechat", max_size=None, max_queue=1, ping_interval=None, open_timeout=10) as ws:
         await ws.send(json.dumps({"type": "session.update", "session": {"protocol_version": 3}}))
         start = time.monotonic()

@@ -11,7 +11,7 @@ import pytest
 from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.model.port import SessionPrompt
 from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, Configure, StartTurn, Stop
-from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
+from vllm_omni_voicechat.session.core import SessionConfig, SessionCore, Tick
 from vllm_omni_voicechat.session.events import NativeEvent, ResponseDone, SessionClosed, SessionConfigured
 from vllm_omni_voicechat.shell.aio import SessionShell
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
@@ -40,6 +40,27 @@ class Recorder:
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append((kind, fut))
         return await asyncio.wait_for(fut, timeout)
+
+
+class WireStub:
+    """A wire session reduced to what the shell drives: it records what it read."""
+
+    closed = False
+
+    def __init__(self, tally=None) -> None:
+        self.tally = tally
+        self.read: list[tuple[str, float]] = []
+
+    def poll(self, now):
+        return Tick([])
+
+    def receive(self, message, now):
+        self.read.append((message, now))
+        return []
+
+    def disconnect(self, now):
+        self.closed = True
+        return []
 
 
 class ThreadCheckingModel(SimulatorModel):
@@ -348,29 +369,10 @@ def test_a_client_message_read_40_ms_or_more_after_it_arrived_is_counted_late():
     """Loop lag: the shell stamps each offered message and counts one read half a frame after it arrived, in its
     own counter and in the session's tally (``/v1/usage`` ``late_inbox_messages``)."""
     from vllm_omni_voicechat.ops.tally import SessionTally
-    from vllm_omni_voicechat.session.core import Tick
-
-    class Wire:  # a wire session reduced to what the shell drives
-        closed = False
-
-        def __init__(self) -> None:
-            self.tally = SessionTally("v3", 0.0)
-            self.read: list[tuple[str, float]] = []
-
-        def poll(self, now):
-            return Tick([])
-
-        def receive(self, message, now):
-            self.read.append((message, now))
-            return []
-
-        def disconnect(self, now):
-            self.closed = True
-            return []
 
     async def main():
         now = [0.5]
-        wire = Wire()
+        wire = WireStub(SessionTally("v3", 0.0))
         shell = SessionShell(wire, SimulatorModel(), lambda e: None, clock=lambda: now[0])
         task = asyncio.create_task(shell.run())
 
@@ -396,32 +398,21 @@ def test_a_client_message_read_40_ms_or_more_after_it_arrived_is_counted_late():
 def floods(slice_s: float, handle_s: float) -> list[str]:
     """Two sessions with 12 client frames each in their inboxes, offered before either runs; the order the frames
     were handled in. Each frame advances the shells' clock by ``handle_s``."""
-    from vllm_omni_voicechat.session.core import Tick
-
     order: list[str] = []
     now = [100.0]
 
-    class Wire:  # a wire session reduced to what the shell drives
-        closed = False
-        tally = None
-
+    class Named(WireStub):
         def __init__(self, name: str) -> None:
+            super().__init__()
             self.name = name
-
-        def poll(self, now_):
-            return Tick([])
 
         def receive(self, message, now_):
             order.append(self.name)
             now[0] += handle_s
-            return []
-
-        def disconnect(self, now_):
-            self.closed = True
-            return []
+            return super().receive(message, now_)
 
     async def main():
-        shells = [SessionShell(Wire(name), SimulatorModel(), lambda e: None, clock=lambda: now[0],
+        shells = [SessionShell(Named(name), SimulatorModel(), lambda e: None, clock=lambda: now[0],
                                backlog_slice_s=slice_s) for name in "AB"]
         for shell in shells:
             for k in range(12):

@@ -144,3 +144,9 @@ def test_no_event_of_a_known_type_makes_its_parser_raise(type_, fields):
 @given(st.one_of(st.text(max_size=64), st.binary(max_size=64)))
 def test_no_frame_makes_read_raise(frame):
     assert isinstance(p.read(frame), (p.Envelope, p.Refused))
+
+
+def test_the_parser_knows_exactly_the_types_the_v3_session_handles():
+    from vllm_omni_voicechat.wire.v3.connection import _HANDLERS
+
+    assert set(_HANDLERS) == p.TYPES == set(_PARSERS)

@@ -58,24 +58,22 @@ class TurnMove(enum.Enum):
     """The session ended with whatever turn was open."""
 
 
-_ENDED = (TurnState.LISTENING, TurnState.ANSWERED, TurnState.COMMITTED, TurnState.HELD)
 _S = TurnState
 _M = TurnMove
 
+# Written out whole: ABANDON (the session ended) is legal everywhere and leads to LISTENING.
 _TABLE: dict[TurnState, dict[TurnMove, TurnState]] = {
-    **{s: {_M.OPEN: _S.OPEN, _M.LISTEN: _S.LISTENING, _M.RESPOND: _S.ENDING} for s in _ENDED},
+    _S.LISTENING: {_M.OPEN: _S.OPEN, _M.LISTEN: _S.LISTENING, _M.RESPOND: _S.ENDING, _M.ABANDON: _S.LISTENING},
+    # A commit of nothing after the model's own EOU is benign, never a listen decision: no LISTEN.
+    _S.ANSWERED: {_M.OPEN: _S.OPEN, _M.RESPOND: _S.ENDING, _M.ABANDON: _S.LISTENING},
+    _S.COMMITTED: {_M.OPEN: _S.OPEN, _M.LISTEN: _S.LISTENING, _M.RESPOND: _S.ENDING, _M.ABANDON: _S.LISTENING},
+    # A listen decision about audio committed after a held EOU leaves the hold standing.
+    _S.HELD: {_M.OPEN: _S.OPEN, _M.LISTEN: _S.HELD, _M.RESPOND: _S.ENDING, _M.ABANDON: _S.LISTENING},
     _S.OPEN: {_M.SETTLE: _S.SETTLING, _M.CLEAR: _S.LISTENING, _M.LISTEN: _S.LISTENING, _M.SUPERSEDE: _S.LISTENING,
-              _M.RESPOND: _S.OPEN, _M.EOU: _S.OPEN},
-    _S.SETTLING: {_M.LISTEN: _S.LISTENING, _M.CLOSE: _S.ENDING},
-    _S.ENDING: {_M.HOLD: _S.HELD, _M.EOU: _S.ANSWERED, _M.FORCED_EOU: _S.COMMITTED},
+              _M.RESPOND: _S.OPEN, _M.EOU: _S.OPEN, _M.ABANDON: _S.LISTENING},
+    _S.SETTLING: {_M.LISTEN: _S.LISTENING, _M.CLOSE: _S.ENDING, _M.ABANDON: _S.LISTENING},
+    _S.ENDING: {_M.HOLD: _S.HELD, _M.EOU: _S.ANSWERED, _M.FORCED_EOU: _S.COMMITTED, _M.ABANDON: _S.LISTENING},
 }
-# A listen decision about audio committed after a held EOU leaves the hold standing.
-_TABLE[_S.HELD] = {**_TABLE[_S.HELD], _M.LISTEN: _S.HELD}
-# ANSWERED: a commit of nothing after the model's own EOU is benign, never a listen decision.
-_TABLE[_S.ANSWERED] = {m: s for m, s in _TABLE[_S.ANSWERED].items() if m is not _M.LISTEN}
-for _moves in _TABLE.values():
-    _moves[_M.ABANDON] = _S.LISTENING
-
 
 _LEAVING = frozenset({TurnMove.CLOSE, TurnMove.CLEAR, TurnMove.LISTEN, TurnMove.SUPERSEDE, TurnMove.ABANDON})
 
