@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--request-head-timeout-s", type=float, default=None, metavar="T",
                        help="close a connection whose first request head has not arrived T seconds after its accept "
                             "(default 10)")
+    serve.add_argument("--replica", default=None, metavar="NAME",
+                       help="this process's name among replicas behind a balancer (lowercase letters and digits): "
+                            "full-lane session ids name it, and SIGTERM drains (deploy/haproxy/README.md)")
+    serve.add_argument("--agent-port", type=int, default=None, metavar="PORT",
+                       help="answer HAProxy's agent check here: whether this replica takes new sessions")
+    serve.add_argument("--replicas", type=int, default=None, metavar="N",
+                       help="try the fleet on one machine: N simulator replicas behind HAProxy on --port")
     serve.add_argument("--warmup-positions", type=int, default=0, help="silent positions run before admitting clients")
     serve.add_argument("--log-level", default="info")
     from .client import talk
@@ -93,6 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("directory", metavar="DIR")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
+
+
+def _replica_args(argv: list[str]) -> list[str]:
+    """``serve --replicas N``'s options for each replica: all but the fleet's own (port, host, replicas)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--replicas", "--port", "--host", "--replica", "--agent-port"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
 
 
 def api_keys(flags: list[str] | None) -> tuple[str, ...]:
@@ -129,8 +152,19 @@ def main(argv: list[str] | None = None) -> int:
         from .omni.serve import main as serve_omni
 
         return serve_omni(args.model, [])
+    if args.command == "serve" and args.replicas:
+        from .fleet.launch import run as run_fleet
+
+        return run_fleet(args.replicas, args.port, args.host, _replica_args(argv))
     if args.command == "serve":
+        from .fleet.keys import check_replica_name
         from .server import ServerConfig, create_app
+
+        if args.replica is not None:
+            try:
+                check_replica_name(args.replica)
+            except ValueError as exc:
+                build_parser().error(str(exc))
 
         config = ServerConfig.simulator(
             prefill_delay_s=args.prefill_delay_ms / 1000,
@@ -149,17 +183,24 @@ def main(argv: list[str] | None = None) -> int:
             tiered_max_message_bytes=args.tiered_max_message_bytes,
             v3_configure_timeout_s=args.v3_configure_timeout_s,
             v3_idle_timeout_s=args.v3_idle_timeout_s,
+            replica=args.replica,
+            agent_port=args.agent_port,
+            agent_host=args.host,
         )
         from .server.uvicorn import REQUEST_HEAD_TIMEOUT_S, VoicechatUvicornServer, uvicorn_config
 
         app = create_app(config, manage_heap=True)
-        VoicechatUvicornServer(
+        server = VoicechatUvicornServer(
             uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
                            ws_per_message_deflate=args.ws_compression,
                            ws_max_size=max(args.v3_max_message_bytes, args.tiered_max_message_bytes),
                            request_head_timeout_s=args.request_head_timeout_s or REQUEST_HEAD_TIMEOUT_S),
             app.state.voicechat
-        ).run()
+        )
+        try:
+            server.run()
+        except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after its graceful shutdown
+            return 130
     return 0
 
 

@@ -25,7 +25,8 @@ class Slot:
 
 
 class Ticket:
-    """A connection waiting in the queue: its 1-based ``position``, then its ``slot`` once admitted."""
+    """A connection waiting in the queue: its 1-based ``position``, then its ``slot`` once admitted; position -1
+    when the queue was closed under it (the replica drains): it gets the busy answer."""
 
     __slots__ = ("position", "slot", "_on_change")
 
@@ -44,12 +45,29 @@ class Admission:
         self.capacity = capacity
         self.queue_capacity = queue_capacity
         self.active = 0
+        self.draining = False
+        """Set by ``drain``: no new session is admitted (the replica is being taken out of its balancer's farm);
+        the sessions it holds go on, and resume, until they end."""
         self.waiting: deque[Ticket] = deque()
         self.on_release = on_release  # observers (tests, metrics) learn when a slot frees
 
+    @property
+    def free(self) -> int:
+        """Slots a new session could take now (none while draining)."""
+        return 0 if self.draining else max(0, self.capacity - self.active - len(self.waiting))
+
+    def drain(self) -> None:
+        """Admit no new session from now on; the connections waiting in the queue get the busy answer."""
+        self.draining = True
+        while self.waiting:
+            ticket = self.waiting.popleft()
+            ticket.position = -1  # refused: see Ticket
+            ticket._on_change()
+
     def try_acquire(self) -> Slot | None:
-        """A slot now, or None (every slot taken, or others are already queued for one: first come, first served)."""
-        if self.active >= self.capacity or self.waiting:
+        """A slot now, or None (every slot taken, others are already queued for one (first come, first served), or
+        the replica drains)."""
+        if self.draining or self.active >= self.capacity or self.waiting:
             return None
         self.active += 1
         return Slot(self)
@@ -62,7 +80,7 @@ class Admission:
             ticket = Ticket(0, on_change)
             ticket.slot = slot
             return ticket
-        if len(self.waiting) >= self.queue_capacity:
+        if self.draining or len(self.waiting) >= self.queue_capacity:
             return None
         ticket = Ticket(len(self.waiting) + 1, on_change)
         self.waiting.append(ticket)

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route, WebSocketRoute
 
+from ..fleet.agent import agent_reply, serve_agent
 from ..ops import prometheus
 from ..ops.usage import UsageBook
 from .admission import Admission
@@ -58,6 +59,16 @@ class VoicechatServer:
                                    started_at)
         prometheus.install(self.views)  # this process's /metrics (ours standalone, vLLM's inside vllm-omni serve)
 
+    def agent_reply(self) -> str:
+        """The line HAProxy's agent check reads (``fleet/agent.py``)."""
+        return agent_reply(self.admission.free, self.admission.draining)
+
+    def drain(self) -> None:
+        """Take no new session; the ones held go on (and resume) until they end."""
+        if not self.admission.draining:
+            log.info("draining: no new sessions; %d held", self.admission.active)
+        self.admission.drain()
+
     def typed_ready(self) -> bool:
         synth = self.config.synthesizer
         return bool(synth is not None and synth.ready)
@@ -94,9 +105,14 @@ def create_app(config: ServerConfig | None = None, *, on_ready: Callable[[], Non
 
         check_heap()
         trim_heap()
+        agent = None
+        if server.config.agent_port is not None:
+            agent = await serve_agent(server.config.agent_host, server.config.agent_port, server.agent_reply)
         if on_ready is not None:
             on_ready()
         yield
+        if agent is not None:
+            agent.close()
         for timer in (backstop, trimmer):
             if timer is not None:
                 timer.cancel()

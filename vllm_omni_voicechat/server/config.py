@@ -93,6 +93,14 @@ class ServerConfig:
     external_auth: bool = False
     """A middleware in front of the server checks keys (vLLM's ``--api-key`` inside ``vllm-omni serve``): only
     ``/health`` reports it."""
+    replica: str | None = None
+    """This process's name among replicas behind a balancer (``fleet/``): full-lane session ids name it, so a
+    resume can be routed to its owner by the id in its URL; SIGTERM then drains (no new sessions; the process
+    ends when its sessions have). None: a lone server."""
+    agent_port: int | None = None
+    """Where HAProxy's agent check reads whether this replica takes new sessions (``fleet/agent.py``); None: no
+    agent."""
+    agent_host: str = "127.0.0.1"
     ids: Ids = SYSTEM_IDS
     """Where session ids, resume tokens and handshake event ids come from (seeded: reproducible runs)."""
     trace_factory: Callable[[str], Any] | None = None

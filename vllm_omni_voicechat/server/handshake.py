@@ -11,7 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
+
+from ..fleet import keys
 
 from ..ops.usage import UsageBook
 from ..session.core import SessionCore
@@ -55,10 +58,22 @@ class Handshake:
     # ================================================================ the v3 dialect
 
     async def v3(self, websocket: WebSocket) -> None:
+        early: Slot | None = None  # a slot taken before the accept: a balancer may try another replica without one
+        if self._elsewhere(websocket):
+            early = await self._slot_or_elsewhere(websocket, "v3")
+            if early is None:
+                return
+        try:
+            await self._v3(websocket, early)
+        finally:
+            if early is not None:
+                early.release()  # idempotent: a hosted session's slot is released at its end
+
+    async def _v3(self, websocket: WebSocket, early: Slot | None) -> None:
         tap_socket(websocket, self._config.trace_factory, "v3")  # tests: every frame through the trace checker
         await websocket.accept(subprotocol=safe_subprotocol(websocket.scope.get("subprotocols") or ()))
         limit_messages(websocket, self._config.v3_max_message_bytes)
-        slot = self._admission.try_acquire()
+        slot = early or self._admission.try_acquire()
         if slot is None:
             self._usage.reject("v3", "busy")
             await self._answer(websocket, busy_error(self._config.ids.uuid()).text, CLOSE_BUSY, "server_busy")
@@ -92,9 +107,21 @@ class Handshake:
         except UnknownRoute:
             await websocket.close(1008)
             return
-        if route.dialect == "v3":
-            await self.v3(websocket)
-            return
+        early: Slot | None = None  # a slot taken before the accept: a balancer may try another replica without one
+        if route.dialect != "duplex_off" and self._elsewhere(websocket):
+            early = await self._slot_or_elsewhere(websocket, "v3" if route.dialect == "v3" else "tiered")
+            if early is None:
+                return
+        try:
+            if route.dialect == "v3":
+                await self._v3(websocket, early)
+            else:
+                await self._tiered(websocket, route, early)
+        finally:
+            if early is not None:
+                early.release()  # idempotent: a hosted session's slot is released at its end
+
+    async def _tiered(self, websocket: WebSocket, route: Any, early: Slot | None) -> None:
         tap_socket(websocket, self._config.trace_factory, "tiered-openai" if route.lane == "openai" else "tiered")
         await websocket.accept(subprotocol=safe_subprotocol(websocket.scope.get("subprotocols") or ()))
         # A first message (session.update or session.resume) is small: a client waiting for one holds no more.
@@ -121,13 +148,15 @@ class Handshake:
                 await self._answer(websocket, err, 1000, "unsupported_session_resume")
                 return
             if isinstance(parsed, tiered_parser.SessionResume):
+                if early is not None:
+                    early.release()  # a resume takes no new slot: its session holds one
                 await self._resume(websocket, parsed)
                 return
             if isinstance(parsed, tiered_parser.ParseError) and parsed.code == "invalid_session_resume":
                 err = self._error(parsed.code, parsed.message, event_id=parsed.event_id, param=parsed.param)
                 await self._answer(websocket, err, 1000, parsed.code)
                 return
-        slot = self._admission.try_acquire()
+        slot = early or self._admission.try_acquire()
         held: list[str | bytes] = []  # what a queued client sent while it waited, handed over in order
         if slot is None and self._admission.queue_capacity:
             limit_messages(websocket, QUEUED_MAX_MESSAGE_BYTES)  # no session yet: no more than a first message
@@ -141,7 +170,9 @@ class Handshake:
             self._usage.reject("tiered", reason or "resource_exhausted")
             limit = self._admission.capacity
             message = f"duplex_session_capacity_exhausted: limit={limit}"
-            if reason == "queue_full":
+            if reason == "draining" or self._admission.draining:
+                message += "; this replica is draining"
+            elif reason == "queue_full":
                 message += f"; admission queue full ({self._admission.queue_capacity})"
             elif reason == "queue_timeout":
                 message += f"; no slot within {self._config.admission_timeout_s:g} s in the admission queue"
@@ -151,7 +182,7 @@ class Handshake:
         cfg = self._config
         openai_lane = route.lane != "full"  # OpenAI caps ids at 32 characters (LiveKit rewrites longer call ids)
         core = SessionCore(cfg.session_config(
-            f"sess_{cfg.ids.hex(13)}" if openai_lane else f"duplex-{cfg.ids.hex(16)}", typed_input_ready=self._typed_ready(),
+            f"sess_{cfg.ids.hex(13)}" if openai_lane else keys.session_id(cfg.replica, cfg.ids.hex(16)), typed_input_ready=self._typed_ready(),
             call_id_hex=27 if openai_lane else CALL_ID_HEX, turn_policy="model", gate_open_after=1))
         protocol = TieredSession(
             core,
@@ -218,6 +249,8 @@ class Handshake:
                     if data is not None:
                         held.append(data)
                         held_bytes += len(data)
+                if ticket.position < 0:
+                    return None, "draining"
                 if ticket.slot is None and not done:
                     return None, "queue_timeout"
                 if ticket.slot is None and ticket.position != told:
@@ -252,10 +285,35 @@ class Handshake:
         att = self._host.live.resumable(request.session_id)
         if att is None:
             self._usage.resume_refused()
-            await self._answer(websocket, self._error("session_resume_expired", "no live session with that id",
-                                                      event_id=request.event_id), 1000, "session_resume_expired")
+            owner, here = keys.owner_of(request.session_id), self._config.replica
+            why = "no live session with that id"
+            if owner is not None and owner != here:
+                # Terminal at once: waiting would not bring the session here (the balancer routed the resume past
+                # its owner: no session_id in the upgrade URL, or the owner is down)
+                why = f"the session belongs to replica {owner}, not to this {'replica ' + here if here else 'server'}"
+            await self._answer(websocket, self._error("session_resume_expired", why, event_id=request.event_id),
+                               1000, "session_resume_expired")
             return
         await self._host.resume(websocket, request, att)
+
+    @staticmethod
+    def _elsewhere(websocket: WebSocket) -> bool:
+        """Whether the balancer in front may send this upgrade to another replica (``fleet/keys.py``)."""
+        return websocket.headers.get(keys.ADMISSION_HEADER) == keys.ELSEWHERE
+
+    async def _slot_or_elsewhere(self, websocket: WebSocket, dialect: str) -> Slot | None:
+        """A slot for a new session, or the upgrade refused with HTTP 503 before the accept (None): the balancer
+        retries another replica. A host whose server cannot refuse an upgrade (no ASGI denial response) takes the
+        dialect's busy answer instead, after the accept."""
+        slot = self._admission.try_acquire()
+        if slot is not None or "websocket.http.response" not in websocket.scope.get("extensions", {}):
+            return slot
+        self._usage.reject(dialect, "draining" if self._admission.draining else "elsewhere")
+        why = "draining" if self._admission.draining else "no free session slot"
+        with contextlib.suppress(Exception):  # the client left first
+            await websocket.send_denial_response(JSONResponse({"error": {"code": "server_busy", "message": why}},
+                                                              status_code=503, headers={"Retry-After": "1"}))
+        return None
 
     def _error(self, code: str, message: str, **kw: Any) -> str:
         return handshake_error(code, message, server_event_id=f"event_{self._config.ids.hex(6)}", **kw)

@@ -17,6 +17,7 @@ reader sets ``receiver`` (server/reader.py), each message goes straight to it in
 from __future__ import annotations
 
 import asyncio
+import signal
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -338,6 +339,23 @@ class VoicechatUvicornServer(uvicorn.Server):
             config.ws = AbortableWebSockets
         super().__init__(config)
         self.voicechat = voicechat
+        self.drain_requested = False
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """A replica's first SIGTERM drains it (a rolling restart: no new sessions, the process ends when its
+        sessions have); a second, or SIGINT, stops it now. A lone server stops at once, as uvicorn does."""
+        if (sig == signal.SIGTERM and self.voicechat.config.replica is not None and not self.drain_requested
+                and not self.should_exit):
+            self.drain_requested = True  # acted on in on_tick, on the loop (this runs in a signal handler)
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_requested:
+            self.voicechat.drain()
+            if self.voicechat.admission.active == 0:
+                self.should_exit = True
+        return await super().on_tick(counter)
 
     async def shutdown(self, sockets: Any = None) -> None:
         self.voicechat.host.end_all_sessions()

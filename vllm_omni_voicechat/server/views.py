@@ -49,6 +49,9 @@ class OperatorViews:
                 "active_sessions": admission.active,
                 "max_sessions": admission.capacity,
                 "active_client": admission.active > 0,
+                # Draining is not a failure: a balancer's health check must keep routing resumes here
+                **({"replica": {"name": config.replica, "draining": admission.draining,
+                                "free_slots": admission.free}} if config.replica else {}),
                 "typed_input": {
                     "ready": self._typed_ready(),
                     "synthesizer": getattr(config.synthesizer, "name", None),
