@@ -236,8 +236,10 @@ async def resuming_session(receipt_for) -> tuple[list[ScriptedTransport], list[s
     close is still pending (the application's next event must not overtake what is resent)."""
     transports = [ScriptedTransport(), ScriptedTransport()]
     pending = iter(transports)
+    urls: list[str] = []
 
     async def connect(url: str) -> ScriptedTransport:
+        urls.append(url)
         return next(pending)
 
     first, second = transports
@@ -256,6 +258,9 @@ async def resuming_session(receipt_for) -> tuple[list[ScriptedTransport], list[s
     ids[2] = client.input_journal._entries[-1].event_id
     await until(lambda: second.sent, "session.resume on the second transport")
     assert second.sent[0]["type"] == "session.resume" and second.sent[0]["resume_token"] == "rt_1"
+    # The routing key a balancer reads at the upgrade: always persist=session_id, the id once there is one
+    assert urls == ["ws://x/v1/duplex?duplex=1&model=sim&autostart=0&persist=session_id",
+                    "ws://x/v1/duplex?duplex=1&model=sim&autostart=0&persist=session_id&session_id=S"]
     second.inbound.put_nowait({"type": "session.resumed", "session_id": "S", "session": {"id": "S"},
                                "attachment_generation": 2, "resume_token": "rt_2", **receipt_for(ids)})
     await until(lambda: client._ws is second, "the switch to the second transport")

@@ -105,3 +105,17 @@ def test_uvicorn_h11_protocol_keeps_the_attributes_the_head_deadline_reads():
     assert isinstance(protocol.loop, asyncio.AbstractEventLoop)
     for method in ("connection_made", "data_received", "connection_lost"):
         assert callable(getattr(H11Protocol, method, None)), method
+
+
+def test_uvicorn_server_keeps_the_hooks_a_draining_replica_overrides():
+    """VoicechatUvicornServer overrides ``handle_exit(sig, frame)`` (a replica's first SIGTERM drains) and
+    ``on_tick(counter)`` (the loop-side check that the drain is over), and sets ``should_exit``."""
+    import inspect
+
+    from vllm_omni_voicechat.server.uvicorn import VoicechatUvicornServer
+
+    assert list(inspect.signature(uvicorn.Server.handle_exit).parameters) == ["self", "sig", "frame"]
+    assert list(inspect.signature(uvicorn.Server.on_tick).parameters) == ["self", "counter"]
+    assert inspect.iscoroutinefunction(uvicorn.Server.on_tick)
+    assert "self.on_tick(" in inspect.getsource(uvicorn.Server.main_loop)  # its loop still asks on_tick
+    assert VoicechatUvicornServer.on_tick is not uvicorn.Server.on_tick

@@ -111,12 +111,13 @@ def haproxy_config(replicas: Sequence[ReplicaAddress], *, bind: str = "*:8000",
     lines += [
         "",
         "backend voicechat_full",
-        "    # Every replica is full: the replica the source is pinned to, else the one with the fewest connections,",
-        "    # answers in its dialect (busy, or its admission queue).",
+        "    # Every replica is full (as their agents last said): the replica the source is pinned to, else the one",
+        "    # with the fewest connections, answers in its dialect (busy, its admission queue, or a session when the",
+        "    # agents lag); a stock client's source is pinned here too, or its resume could land anywhere.",
         "    balance leastconn",
         *FULL_LANE,
         "    acl persists url_param(persist) -m str session_id",
-        "    stick match src table voicechat if full_lane !persists",
+        "    stick on src table voicechat if full_lane !persists",
     ]
     for i, r in enumerate(replicas, start=1):
         lines.append(f"    server {r.name} {r.host}:{r.port} id {i} track voicechat/{r.name}")

@@ -14,7 +14,8 @@ preset, with these differences:
 * one model position is 80 ms of input: ``DuplexClient.stream_pcm`` defaults to 200 ms chunks, so stream with
   :func:`stream_pcm16` (or pass ``chunk_ms=APPEND_MS``).
 * :class:`ResumingDuplexClient` is ``DuplexClient`` that loses no input audio across a resume: what the dropped
-  socket had in flight is sent again, exactly once and before anything new, from the server's input receipt.
+  socket had in flight is sent again, exactly once and before anything new, from the server's input receipt; and
+  its URLs carry the routing key that sends a resume to its owner behind a balancer (deploy/haproxy/README.md).
 
     config = create_duplex_session_config(instructions="Be brief.", tools=[WEATHER])
     async with DuplexClient(url, model=SIMULATOR_MODEL, config=config) as client:
@@ -30,6 +31,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 from vllm_omni.clients.duplex import (
@@ -44,6 +46,7 @@ from vllm_omni.clients.duplex import (
 
 from ..audio.frames import INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 from ..client.input_journal import DEFAULT_MAX_BYTES, InputGap, InputJournal, base64_size
+from ..fleet.keys import PERSIST_PARAM, SESSION_ID_PARAM
 
 __all__ = [
     "APPEND_MS",
@@ -149,6 +152,17 @@ class ResumingDuplexClient(DuplexClient):
     async def _open(self) -> None:
         await super()._open()
         self._settled = self._ws
+
+    def _target_url(self) -> str:
+        """``DuplexClient``'s URL, plus the routing key a balancer in front of replicas reads at the upgrade
+        (deploy/haproxy/README.md): ``persist=session_id`` always, and the session's id once it has one, so a
+        resume reaches the replica that owns the session. A lone server ignores both."""
+        parts = urlsplit(super()._target_url())
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        query[PERSIST_PARAM] = SESSION_ID_PARAM
+        if self.session_id:
+            query[SESSION_ID_PARAM] = self.session_id
+        return urlunsplit(parts._replace(query=urlencode(query)))
 
     async def _send_command(self, payload: dict[str, object]) -> None:
         while self._ws is not self._settled and not self._closed.is_set():
