@@ -69,7 +69,9 @@ def mounted():
 
     plugin = voicechat_plugin()
     engine = build_fake_engine(plugin, max_sessions=4, respond=simulator_respond(), audio_delay_s=0.004)
-    mount = VoicechatMount(plugin, settlement_blank_frames=3, warmup_positions=2)
+    agent_port = _free_port()
+    # As a replica behind HAProxy (deploy/haproxy/README.md): its name in full-lane ids, the agent answering
+    mount = VoicechatMount(plugin, settlement_blank_frames=3, warmup_positions=2, replica="r1", agent_port=agent_port)
     assert install(mount)  # the private seam: vLLM-Omni's module-level router, before the app includes it
     assert not install(mount)  # idempotent
 
@@ -85,6 +87,42 @@ def mounted():
     app.state.log_stats = False
     with serve(app) as url:
         yield url, app, mount, engine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_replica_inside_vllm_omni_serve_answers_haproxys_agent_and_names_itself(mounted):
+    import json
+    import urllib.request
+
+    url, _, mount, _ = mounted
+    health = json.load(urllib.request.urlopen(url.replace("ws://", "http://") + "/health", timeout=10))
+    assert health["replica"] == {"name": "r1", "draining": False, "free_slots": 4}
+    with socket.create_connection(("127.0.0.1", mount.server.config.agent_port), timeout=10) as s:
+        assert s.recv(64) == b"100%\n"
+    from websockets.sync.client import connect
+
+    with connect(url + "/v1/duplex", open_timeout=10, proxy=None) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        assert json.loads(ws.recv(timeout=10))["session"]["id"].startswith("duplex-r1-")
+
+
+def test_replica_settings_come_from_the_block_or_the_environment():
+    from vllm_omni_voicechat.omni.settings import VoicechatSettingsError, environment_settings, parse_block
+
+    assert parse_block({"replica": "r2", "agent_port": 9102}) == {"replica": "r2", "agent_port": 9102}
+    assert environment_settings({"VOICECHAT_REPLICA": "r3", "VOICECHAT_AGENT_PORT": "9103",
+                                 "VOICECHAT_AGENT_HOST": "0.0.0.0"}) == {
+        "replica": "r3", "agent_port": 9103, "agent_host": "0.0.0.0"}
+    assert environment_settings({}) == {}
+    with pytest.raises(VoicechatSettingsError, match="voicechat.replica"):
+        parse_block({"replica": "R-1"})
+    with pytest.raises(VoicechatSettingsError, match="VOICECHAT_AGENT_PORT must be an integer"):
+        environment_settings({"VOICECHAT_AGENT_PORT": "x"})
 
 
 def test_our_routes_come_first_and_the_warmup_ran_through_the_engine(mounted):

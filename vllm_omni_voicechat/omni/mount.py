@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from ..fleet.agent import serve_agent
 from ..server.app import VoicechatServer
 from ..server.auth import SubprotocolCredential, safe_subprotocol
 from ..server.config import ServerConfig
@@ -37,7 +38,7 @@ from ..server.warmup import warm_up
 from .batching import EngineBatcher
 from .port import OmniStage0Port
 from .register import log_through_vllm
-from .settings import read_settings
+from .settings import environment_settings, read_settings
 
 log = logging.getLogger(__name__)
 API_SERVER_MODULE = "vllm_omni.entrypoints.openai.api_server"
@@ -53,6 +54,12 @@ class VoicechatMount:
         self.server: VoicechatServer | None = None
         self.batcher: EngineBatcher | None = None
         self.pings_off = False
+        self.agent: asyncio.Server | None = None
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            self.agent.close()
+            self.agent = None
 
     async def start(self, app: Any) -> None:
         self.pings_off = pings_off(app)
@@ -62,7 +69,8 @@ class VoicechatMount:
         external_auth = subprotocol_keys_reach_vllm(app)
         engine_client = app.state.engine_client
         # The deploy YAML's voicechat: block, under what the mount was given explicitly.
-        self.settings = {**read_settings(getattr(engine_client, "config_path", None)), **self.settings}
+        self.settings = {**read_settings(getattr(engine_client, "config_path", None)),
+                         **environment_settings(os.environ), **self.settings}
         apply = getattr(self.plugin, "apply_settings", None)
         if apply is not None:
             apply(self.settings)  # the plugin's own position backstop and fence: the same values as our runtime
@@ -88,6 +96,8 @@ class VoicechatMount:
                               external_auth=external_auth, **self.settings)
         self.server = VoicechatServer(config)
         self.server.readiness.engine_probe = lambda: engine_failure(engine_client)
+        if config.agent_port is not None:  # a replica behind HAProxy (deploy/haproxy/README.md)
+            self.agent = await serve_agent(config.agent_host, config.agent_port, self.server.agent_reply)
         self.api_server_count = int(getattr(app.state, "api_server_count", 1) or 1)
         if warmup_positions > 0:
             self.server.readiness.record_warmup(await loop.run_in_executor(None, warm_up, factory(), warmup_positions))
@@ -223,7 +233,10 @@ def install(mount: VoicechatMount, router: Any = None) -> bool:
     async def lifespan(app: Any):
         async with inner(app) as state:
             await mount.start(app)
-            yield state
+            try:
+                yield state
+            finally:
+                mount.stop()
 
     router.lifespan_context = lifespan
     setattr(router, _MARKER, True)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import VoicechatError
+from ..fleet.keys import check_replica_name
 from ..runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
 from ..session.settlement import DEFAULT_FENCE
 from ..wire.tiered.routing import BARE_DEFAULTS
@@ -59,7 +60,14 @@ FIELDS: Mapping[str, tuple[type, float | None]] = {
     "audio_lag_positions": (int, 0),
     "step_timeout_s": (float, 0.001),
     "tick_slot_ms": (float, 0.0),
+    "replica": (str, None),
+    "agent_port": (int, 1),
+    "agent_host": (str, None),
 }
+
+ENVIRONMENT = {"VOICECHAT_REPLICA": "replica", "VOICECHAT_AGENT_PORT": "agent_port",
+               "VOICECHAT_AGENT_HOST": "agent_host"}
+"""A replica's identity, per process (one deploy YAML serves every GPU's replica; deploy/haproxy/README.md)."""
 
 
 MAX_TICK_SLOT_MS = 40.0
@@ -102,7 +110,29 @@ def parse_block(block: Any) -> dict[str, Any]:
                                      f"not {out['tick_slot_ms']!r}")
     if out.get("v3_turns", "client") not in V3_TURNS:
         raise VoicechatSettingsError(f"voicechat.v3_turns must be one of {', '.join(V3_TURNS)}")
+    if "replica" in out:
+        try:
+            check_replica_name(out["replica"])
+        except ValueError as exc:
+            raise VoicechatSettingsError(f"voicechat.replica: {exc}") from None
     return out
+
+
+def environment_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``VOICECHAT_REPLICA`` / ``VOICECHAT_AGENT_PORT`` / ``VOICECHAT_AGENT_HOST``, validated as the block's keys
+    (they take precedence over it)."""
+    block: dict[str, Any] = {}
+    for variable, name in ENVIRONMENT.items():
+        value = environ.get(variable)
+        if value:
+            if FIELDS[name][0] is int:
+                try:
+                    block[name] = int(value)
+                except ValueError:
+                    raise VoicechatSettingsError(f"{variable} must be an integer, not {value!r}") from None
+            else:
+                block[name] = value
+    return parse_block(block)
 
 
 def _stage(deploy: Mapping[str, Any], stage_id: int) -> Mapping[str, Any] | None:

@@ -265,7 +265,8 @@ function connect() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   // With --api-key the key rides in a subprotocol, as OpenAI's browser clients send it (no headers on an upgrade).
   const key = $("api-key").value.trim();
-  const url = `${scheme}://${location.host}${PATHS[dialect]}`;
+  // Behind a balancer (deploy/haproxy) the tiered page is not pinned to a replica by its address: it never resumes.
+  const url = `${scheme}://${location.host}${PATHS[dialect]}${dialect === "tiered" ? "?persist=session_id" : ""}`;
   const ws = key ? new WebSocket(url, ["realtime", `openai-insecure-api-key.${key}`]) : new WebSocket(url);
   conn.ws = ws;
   setStatus("connecting", "connecting…");
