@@ -206,3 +206,24 @@ def test_gpu_sizing_states_what_one_gpu_holds(tmp_path, monkeypatch):
     assert gpu_sizing.main() == 0
     assert json.loads(out.read_text())["gpus"]["H100 SXM (80 GB, 3.35 TB/s)"]["compute_bound_sessions"][
         "tick_2_forwards"] < 8
+
+
+def test_fleet_smoke(tmp_path):
+    """The reduced form: 2 replicas x 2 sessions behind Debian's HAProxy, 8 drops; every resume on its owner, no
+    refusal while a slot was free, the extra client of the over-capacity race refused."""
+    import shutil
+
+    if shutil.which("haproxy") is None:
+        pytest.skip("haproxy is not installed (scripts/install_haproxy.sh)")
+    out = tmp_path / "fleet.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "fleet.py"), "--replicas", "2", "--sessions", "2", "--drops",
+                           "8", "--pings", "20", "--extra", "1", "--rounds", "1", "--out", str(out)], check=False,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["resumes"]["resumed_on_owner"] == report["resumes"]["attempted"] == 8
+    assert report["resumes"]["sequence_gaps"] == report["resumes"]["sequence_duplicates"] == 0
+    rounds = report["admission"]["rounds"]
+    assert [r["clients"] for r in rounds] == [4, 5] and report["admission"]["refused_while_a_slot_was_free"] == 0
+    assert rounds[0]["results"] == {"admitted": 4} and rounds[1]["results"].get("admitted") == 4
+    assert report["latency"]["proxy"]["count"] == report["latency"]["direct"]["count"] == 20

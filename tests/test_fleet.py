@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from vllm_omni_voicechat.fleet.launch import Fleet
+from vllm_omni_voicechat.trace.checker import TraceChecker
 
 from .server_fixture import free_port
 
@@ -61,14 +62,21 @@ def server_up(f: Fleet, name: str) -> bool:
 
 
 class Session:
-    """One tiered full-lane session through the proxy: its socket, session.created, the last seq it saw."""
+    """One tiered full-lane session through the proxy: its socket, session.created, the last seq it saw. Every frame
+    goes through the trace checker, per socket and as the client's de-duplicated view across resumes (no event lost
+    or duplicated over the drops); ``checked`` fails the test on any violation."""
 
     def __init__(self, f: Fleet, path: str = OURS, source: str = "127.0.0.1") -> None:
         self.f, self.path, self.source = f, path, source
+        self.seq = 0
+        self.view = TraceChecker("tiered", stream="session", name="client view")
+        self.checkers: list[TraceChecker] = []
+        self.seen_created = False
         self.ws = self._connect(path)
-        self.ws.send(json.dumps(UPDATE))
+        self.send(UPDATE)
         self.created = self.recv_type("session.created")
         self.recv_type("session.updated")
+        OPENED.append(self)
 
     @property
     def id(self) -> str:
@@ -79,12 +87,28 @@ class Session:
         return self.id.split("-")[1]
 
     def _connect(self, path: str) -> ClientConnection:
+        self.checkers.append(TraceChecker("tiered", name=f"socket {len(self.checkers) + 1}"))
         return connect(self.f.url + path, open_timeout=10, ping_interval=None, max_size=None, proxy=None,
                        source_address=(self.source, 0))
 
+    def send(self, event: dict, *, view: bool = True) -> None:
+        frame = json.dumps(event)
+        self.checkers[-1].client_event(frame)
+        if view:
+            self.view.client_event(frame)
+        self.ws.send(frame)
+
     def recv(self) -> dict:
-        event = json.loads(self.ws.recv(timeout=10))
-        self.seq = event.get("server_event_seq", getattr(self, "seq", 0))
+        text = self.ws.recv(timeout=10)
+        self.checkers[-1].server_event(text)
+        event = json.loads(text)
+        seq = event.get("server_event_seq")
+        if seq is not None and seq > self.seq:  # the client de-duplicates by seq, as DuplexClient does
+            self.seq = seq
+            self.view.server_event(text)
+        elif event["type"] == "session.created" and not self.seen_created:
+            self.seen_created = True
+            self.view.server_event(text)
         return event
 
     def recv_type(self, type_: str) -> dict:
@@ -93,30 +117,60 @@ class Session:
         return event
 
     def heartbeat(self) -> None:
-        self.ws.send(json.dumps({"type": "session.heartbeat"}))
+        self.send({"type": "session.heartbeat"})
         self.recv_type("session.heartbeat_ack")
 
     def drop(self) -> None:
         """The transport fails under the session (no close handshake)."""
         self.ws.socket.shutdown(2)
         self.ws.close()
+        self.checkers[-1].transport_closed(None)
+
+    def lost(self) -> None:
+        """The server's side went away (a killed replica): whatever was in flight, then the end."""
+        with pytest.raises((ConnectionClosed, OSError)):
+            while True:
+                self.recv()
+        self.checkers[-1].transport_closed(None)
 
     def resume(self, *, by_id: bool = True) -> dict:
         path = f"{self.path}&session_id={self.id}" if by_id else self.path
         self.ws = self._connect(path)
-        self.ws.send(json.dumps({"type": "session.resume", "session_id": self.id,
-                                 "resume_token": self.created["resume_token"],
-                                 "last_received_server_event_seq": self.seq}))
+        self.send({"type": "session.resume", "session_id": self.id, "resume_token": self.created["resume_token"],
+                   "last_received_server_event_seq": self.seq}, view=False)
         answer = self.recv()
         if answer["type"] == "session.resumed":
             self.created["resume_token"] = answer["resume_token"]
+        else:
+            with pytest.raises(ConnectionClosed) as closed:
+                self.recv()
+            self.checkers[-1].transport_closed(closed.value.rcvd.code if closed.value.rcvd else None)
         return answer
 
     def close(self) -> None:
-        self.ws.send(json.dumps({"type": "session.close"}))
-        with pytest.raises(ConnectionClosed):
+        self.send({"type": "session.close"})
+        with pytest.raises(ConnectionClosed) as closed:
             while True:
                 self.recv()
+        code = closed.value.rcvd.code if closed.value.rcvd else None
+        self.checkers[-1].transport_closed(code)
+        self.view.transport_closed(code)
+
+    def violations(self) -> list[str]:
+        return [f"{c.name}: {v}" for c in (*self.checkers, self.view) for v in c.violations]
+
+
+OPENED: list[Session] = []
+
+
+@pytest.fixture(autouse=True)
+def checked() -> Iterator[None]:
+    """Every session a test opened passes the trace checker on every socket and in its client view."""
+    OPENED.clear()
+    yield
+    found = [f"session {s.created.get('session', {}).get('id')}: {v}" for s in OPENED for v in s.violations()]
+    OPENED.clear()
+    assert not found, "\n".join(found)
 
 
 @pytest.fixture(scope="module")
@@ -196,9 +250,7 @@ def test_a_killed_replicas_clients_get_a_terminal_answer_at_once_and_the_others_
         assert {lost.replica, other.replica} == {"r1", "r2"}
         f.processes[lost.replica].kill()
         f.processes[lost.replica].wait()
-        with pytest.raises((ConnectionClosed, OSError)):
-            while True:
-                lost.recv()
+        lost.lost()
         # A typed, terminal answer (within Session.recv's 10 s; waiting would have ended in the 30 s handshake timeout)
         answer = lost.resume()
         assert answer["type"] == "error" and answer["error"]["code"] == "session_resume_expired", answer
@@ -206,3 +258,32 @@ def test_a_killed_replicas_clients_get_a_terminal_answer_at_once_and_the_others_
         until(lambda: not server_up(f, lost.replica), "HAProxy takes the killed replica out")
         other.heartbeat()
         other.close()
+
+
+def test_a_rolling_restart_of_every_replica_loses_no_session():
+    """Each replica in turn: drained (SIGTERM), its sessions go on until their clients end them while new ones go to
+    the other, it exits, it is started again and HAProxy takes it back."""
+    with fleet() as f:
+        sessions = [Session(f), Session(f)]
+        assert {s.replica for s in sessions} == {"r1", "r2"}
+        for replica in f.replicas:
+            name = replica.name
+            f.processes[name].send_signal(signal.SIGTERM)
+            until(lambda: weight(f, name) == 0, f"{name} reports it drains")
+            newcomer = Session(f)
+            assert newcomer.replica != name
+            sessions.append(newcomer)
+            for s in [s for s in sessions if s.replica == name]:
+                s.drop()
+                assert s.resume()["type"] == "session.resumed"  # still its owner's while it drains
+                s.heartbeat()
+                s.close()  # the client ends it
+                sessions.remove(s)
+            f.processes[name].wait(timeout=WAIT_S)
+            f.start_replica(replica)
+            f.wait_healthy(replica)
+            until(lambda: server_up(f, name) and weight(f, name) > 0, f"HAProxy takes {name} back")
+        assert len(sessions) == 1
+        for s in sessions:
+            s.heartbeat()
+            s.close()
