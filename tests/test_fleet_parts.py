@@ -8,6 +8,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,20 @@ def test_the_agent_port_serves_the_replica_state():
         holder.recv_type("session.created")
         assert line() == b"0%\n"
         holder.close()
+
+
+def test_a_detached_session_holds_its_slot_in_the_agents_line():
+    """A tiered session whose transport dropped waits for its resume holding its slot: the replica is still full."""
+    with running_app(ServerConfig.simulator(max_sessions=1, replica="r1", disconnect_grace_s=30.0)) as (url, server):
+        c = RawClient(url + "/v1/duplex")
+        c.send(UPDATE)
+        c.recv_type("session.created")
+        c.ws.socket.shutdown(2)  # the transport fails: the session detaches
+        c.ws.close()
+        record = next(iter(server.live.hosted()))
+        deadline = time.monotonic() + 10
+        while getattr(record.protocol, "detached_at", None) is None:  # awaited: the server sees the drop
+            assert time.monotonic() < deadline, "the session never detached"
+            time.sleep(0.01)  # ok: waiting for the server's thread
+        assert server.admission.active == 1 and server.admission.free == 0
+        assert server.agent_reply() == "0%\n"
