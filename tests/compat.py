@@ -142,3 +142,23 @@ def validate_openai_server_event(event: dict[str, Any]) -> Any:
         except ValidationError as member_error:
             raise AssertionError(f"invalid {event_type} ({member.__name__}):\n{member_error}") from None
         raise AssertionError(f"invalid {event_type}:\n{union_error}") from None
+
+
+class CuttableTransport:
+    """A real websockets connection for ``DuplexClient``'s ``connect=`` seam that a test can cut: the socket is
+    aborted (no close handshake), as a dropped network would."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    async def send(self, data: Any) -> None:
+        await self.ws.send(data)
+
+    async def recv(self) -> Any:
+        return await self.ws.recv()
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+    def cut(self) -> None:
+        self.ws.transport.abort()

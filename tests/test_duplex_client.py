@@ -13,7 +13,7 @@ import pytest
 from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.server import ServerConfig
 
-from .compat import load_duplex_client_module
+from .compat import CuttableTransport, load_duplex_client_module
 from .server_fixture import running_app
 
 dc = load_duplex_client_module()
@@ -157,33 +157,14 @@ def test_tool_call_round_trip_via_send(server):
     assert "21" in transcript
 
 
-class _Killable:
-    """A transport wrapper the test can cut mid-response (the real socket is aborted, not closed)."""
-
-    def __init__(self, ws):
-        self.ws = ws
-
-    async def send(self, data):
-        await self.ws.send(data)
-
-    async def recv(self):
-        return await self.ws.recv()
-
-    async def close(self):
-        await self.ws.close()
-
-    def kill(self):
-        self.ws.transport.abort()
-
-
 def test_automatic_resume_after_the_transport_dies_mid_response(server):
     url, _ = server
-    transports: list[_Killable] = []
+    transports: list[CuttableTransport] = []
 
     async def connect(u):
         import websockets
 
-        t = _Killable(await websockets.connect(u, max_size=64 << 20))
+        t = CuttableTransport(await websockets.connect(u, max_size=64 << 20))
         transports.append(t)
         return t
 
@@ -197,7 +178,7 @@ def test_automatic_resume_after_the_transport_dies_mid_response(server):
             await speak(c, "please tell me a very long story about the sea and the sky")
             handle = await first_response(c)
             await c.wait_for("response.output_audio.delta", timeout_s=10)
-            transports[0].kill()
+            transports[0].cut()
             pcm = await collect_audio(handle)
             await handle.wait(20)
             resumed = c.resume_token

@@ -17,6 +17,7 @@ import pytest
 
 from vllm_omni_voicechat.fleet.launch import Fleet
 
+from .compat import CuttableTransport
 from .server_fixture import free_port
 
 if importlib.util.find_spec("vllm_omni") is None:
@@ -31,31 +32,12 @@ from vllm_omni.clients import duplex as dc  # noqa: E402
 from vllm_omni_voicechat.omni.client_preset import ResumingDuplexClient  # noqa: E402
 
 
-class Transport:
-    """A real websockets connection from a chosen source address, which the test can cut (abort, no close)."""
-
-    def __init__(self, ws) -> None:
-        self.ws = ws
-
-    async def send(self, data):
-        await self.ws.send(data)
-
-    async def recv(self):
-        return await self.ws.recv()
-
-    async def close(self):
-        await self.ws.close()
-
-    def cut(self) -> None:
-        self.ws.transport.abort()
-
-
-def connector(source: str, urls: list[str], transports: list[Transport]):
-    async def connect(url: str) -> Transport:
+def connector(source: str, urls: list[str], transports: list[CuttableTransport]):
+    async def connect(url: str) -> CuttableTransport:
         import websockets
 
         urls.append(url)
-        transports.append(Transport(await websockets.connect(url, max_size=64 << 20, local_addr=(source, 0))))
+        transports.append(CuttableTransport(await websockets.connect(url, max_size=64 << 20, local_addr=(source, 0))))
         return transports[-1]
 
     return connect
@@ -81,7 +63,7 @@ def test_our_clients_spread_and_each_resumes_on_its_owner(fleet):
         clients = []
         for _ in range(4):
             urls: list[str] = []
-            transports: list[Transport] = []
+            transports: list[CuttableTransport] = []
             c = ResumingDuplexClient(fleet.url + "/v1/realtime", model="sim", heartbeat_interval_s=None,
                                      reconnect=dc.ReconnectPolicy(**POLICY),
                                      connect=connector("127.0.0.1", urls, transports))
@@ -109,7 +91,7 @@ def test_our_clients_spread_and_each_resumes_on_its_owner(fleet):
 def test_a_stock_duplex_client_resumes_from_the_same_source_address(fleet):
     async def main():
         urls: list[str] = []
-        transports: list[Transport] = []
+        transports: list[CuttableTransport] = []
         c = dc.DuplexClient(fleet.url, model="sim", heartbeat_interval_s=None, reconnect=dc.ReconnectPolicy(**POLICY),
                             connect=connector("127.0.0.9", urls, transports))
         async with c:
@@ -132,7 +114,7 @@ def test_a_stock_client_of_a_killed_replica_gets_a_final_answer_on_its_first_att
 
     async def main():
         urls: list[str] = []
-        transports: list[Transport] = []
+        transports: list[CuttableTransport] = []
         c = dc.DuplexClient(fleet.url, model="sim", heartbeat_interval_s=None, reconnect=dc.ReconnectPolicy(**POLICY),
                             connect=connector("127.0.0.20", urls, transports))
         closed: list[str] = []

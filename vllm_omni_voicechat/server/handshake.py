@@ -15,7 +15,6 @@ from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
 
 from ..fleet import keys
-
 from ..ops.usage import UsageBook
 from ..session.core import SessionCore
 from ..session.functions import CALL_ID_HEX
@@ -181,8 +180,9 @@ class Handshake:
             return
         cfg = self._config
         openai_lane = route.lane != "full"  # OpenAI caps ids at 32 characters (LiveKit rewrites longer call ids)
+        session_id = f"sess_{cfg.ids.hex(13)}" if openai_lane else keys.session_id(cfg.replica, cfg.ids.hex(16))
         core = SessionCore(cfg.session_config(
-            f"sess_{cfg.ids.hex(13)}" if openai_lane else keys.session_id(cfg.replica, cfg.ids.hex(16)), typed_input_ready=self._typed_ready(),
+            session_id, typed_input_ready=self._typed_ready(),
             call_id_hex=27 if openai_lane else CALL_ID_HEX, turn_policy="model", gate_open_after=1))
         protocol = TieredSession(
             core,
