@@ -154,7 +154,8 @@ def test_voice_typed_and_tool_turns(tab, dialect, tmp_path):
     health = tab.js("Array.from(document.querySelectorAll('#health dt, #health dd'), e => e.textContent)")
     assert health[:4] == ["status", "ready (simulator)", "protocol", "voicechat.realtime v3"]
     assert health[4:6] == ["sessions", health[5]] and health[5].endswith(" of 8 in use")
-    assert health[6:] == ["typed input", "ready (simulator)"]
+    assert health[6:] == ["typed input", "ready (simulator)", "speech",
+                          "simulator tones (serve --speech real for your voice)"]
     if dialect == "v3":
         screenshot(tab, "page_idle.png", tmp_path)
     tab.connect(dialect)

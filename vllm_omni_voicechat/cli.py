@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from .runner.stage0 import DEFAULT_MAX_SESSION_MODEL_FRAMES
 from .session.settlement import DEFAULT_FENCE
 from .wire.limits import TIERED_MAX_MESSAGE_BYTES, V3_MAX_MESSAGE_BYTES
 from .wire.v3.schema import CONFIGURE_TIMEOUT_S as V3_CONFIGURE_TIMEOUT_S
 from .wire.v3.schema import IDLE_TIMEOUT_S as V3_IDLE_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from .server import ServerConfig
 
 
 def _seconds_or_off(text: str) -> float | None:
@@ -37,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=int, default=4)
     serve.add_argument("--max-session-model-frames", type=int, default=DEFAULT_MAX_SESSION_MODEL_FRAMES)
     serve.add_argument("--settlement-blank-frames", type=int, default=DEFAULT_FENCE)
+    serve.add_argument("--speech", default="simulator", choices=["simulator", "real"],
+                       help="what the simulator hears and speaks: its tone speech, or real speech (PocketSphinx in, "
+                            "eSpeak NG out; pip install -e '.[voice]' and bash scripts/install_espeak.sh)")
     serve.add_argument("--prefill-delay-ms", type=float, default=50.0, help="simulated model prefill time")
     serve.add_argument("--instructions", default="", help="default system prompt (restored by instructions:null)")
     serve.add_argument(
@@ -102,6 +109,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _simulator_config(args: argparse.Namespace) -> ServerConfig:
+    """``serve``'s simulator configuration from its flags."""
+    from .server import ServerConfig
+
+    return ServerConfig.simulator(
+        prefill_delay_s=args.prefill_delay_ms / 1000,
+        real_speech=args.speech == "real",
+        max_sessions=args.max_sessions,
+        max_session_model_frames=args.max_session_model_frames,
+        settlement_blank_frames=args.settlement_blank_frames,
+        default_instructions=args.instructions,
+        realtime_default=args.realtime_default,
+        v3_turns=args.v3_turns,
+        disconnect_grace_s=args.disconnect_grace_s,
+        warmup_positions=args.warmup_positions,
+        admission_queue=args.admission_queue,
+        admission_timeout_s=args.admission_timeout_s,
+        api_keys=api_keys(args.api_key),
+        v3_max_message_bytes=args.v3_max_message_bytes,
+        tiered_max_message_bytes=args.tiered_max_message_bytes,
+        v3_configure_timeout_s=args.v3_configure_timeout_s,
+        v3_idle_timeout_s=args.v3_idle_timeout_s,
+        replica=args.replica,
+        agent_port=args.agent_port,
+        agent_host=args.host,
+    )
+
+
 def _replica_args(argv: list[str]) -> list[str]:
     """``serve --replicas N``'s options for each replica: all but the fleet's own (port, host, replicas)."""
     out: list[str] = []
@@ -158,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_fleet(args.replicas, args.port, args.host, _replica_args(argv))
     if args.command == "serve":
         from .fleet.keys import check_replica_name
-        from .server import ServerConfig, create_app
+        from .server import create_app
 
         if args.replica is not None:
             try:
@@ -166,27 +201,13 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 build_parser().error(str(exc))
 
-        config = ServerConfig.simulator(
-            prefill_delay_s=args.prefill_delay_ms / 1000,
-            max_sessions=args.max_sessions,
-            max_session_model_frames=args.max_session_model_frames,
-            settlement_blank_frames=args.settlement_blank_frames,
-            default_instructions=args.instructions,
-            realtime_default=args.realtime_default,
-            v3_turns=args.v3_turns,
-            disconnect_grace_s=args.disconnect_grace_s,
-            warmup_positions=args.warmup_positions,
-            admission_queue=args.admission_queue,
-            admission_timeout_s=args.admission_timeout_s,
-            api_keys=api_keys(args.api_key),
-            v3_max_message_bytes=args.v3_max_message_bytes,
-            tiered_max_message_bytes=args.tiered_max_message_bytes,
-            v3_configure_timeout_s=args.v3_configure_timeout_s,
-            v3_idle_timeout_s=args.v3_idle_timeout_s,
-            replica=args.replica,
-            agent_port=args.agent_port,
-            agent_host=args.host,
-        )
+        from .sim.real_speech import SpeechUnavailable
+
+        try:
+            config = _simulator_config(args)
+        except SpeechUnavailable as exc:
+            print(f"vllm-omni-voicechat: {exc}", file=sys.stderr)
+            return 2
         from .server.uvicorn import REQUEST_HEAD_TIMEOUT_S, VoicechatUvicornServer, uvicorn_config
 
         app = create_app(config, manage_heap=True)

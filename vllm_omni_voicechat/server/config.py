@@ -13,6 +13,7 @@ from ..session.core import SessionConfig
 from ..session.functions import FUNCTION_CALL_TIMEOUT_S, FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES
 from ..session.settlement import DEFAULT_FENCE
 from ..sim.model import SimBehaviour, SimulatorModel
+from ..sim.real_speech import EspeakSynthesizer, check_available
 from ..synth.port import Synthesizer
 from ..synth.simulated import SimulatorSynthesizer
 from ..wire.limits import TIERED_MAX_MESSAGE_BYTES, V3_MAX_MESSAGE_BYTES
@@ -31,6 +32,9 @@ class ServerConfig:
     function_call_timeout_s: float = FUNCTION_CALL_TIMEOUT_S
     function_recovery_max_frames: int = FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES
     model_kind: str = "simulator"
+    speech: str = "simulator"
+    """What the simulator hears and speaks: ``simulator`` (its deterministic tone speech) or ``real`` (PocketSphinx
+    in, eSpeak NG out); reported by ``/health``, shown by the page."""
     model_factory: Callable[[], ModelPort] = field(default=lambda: SimulatorModel())
     synthesizer: Synthesizer | None = field(default_factory=SimulatorSynthesizer)
     realtime_default: str = "v3"
@@ -121,9 +125,16 @@ class ServerConfig:
         )
 
     @classmethod
-    def simulator(cls, *, prefill_delay_s: float = 0.05, behaviour: SimBehaviour | None = None, **kw) -> ServerConfig:
-        """The embedded CPU default: the simulator model with a measurable prefill (the model-ready barrier)."""
+    def simulator(cls, *, prefill_delay_s: float = 0.05, behaviour: SimBehaviour | None = None,
+                  real_speech: bool = False, **kw) -> ServerConfig:
+        """The embedded CPU default: the simulator model with a measurable prefill (the model-ready barrier).
+        ``real_speech``: it hears PocketSphinx and speaks eSpeak NG (``sim/real_speech.py``; raises
+        ``SpeechUnavailable`` naming the install when they are missing), typed input spoken by eSpeak NG too."""
         base = behaviour or SimBehaviour()
         if prefill_delay_s and not base.prefill_delay_s:
             base = replace(base, prefill_delay_s=prefill_delay_s)
-        return cls(model_kind="simulator", model_factory=lambda: SimulatorModel(base), **kw)
+        if real_speech:
+            check_available()
+            kw.setdefault("synthesizer", EspeakSynthesizer())
+        return cls(model_kind="simulator", model_factory=lambda: SimulatorModel(base, real_speech=real_speech),
+                   speech="real" if real_speech else "simulator", **kw)

@@ -44,6 +44,7 @@ class OperatorViews:
                 "model": "cleanup_failed" if cleanup_failure else "ready",
                 **({"model_cleanup_failure": cleanup_failure} if cleanup_failure else {}),
                 "model_kind": config.model_kind,
+                **({"speech": config.speech} if config.model_kind == "simulator" else {}),
                 "protocol": dict(PROTOCOL),
                 "auth_required": bool(config.api_keys) or config.external_auth,
                 "active_sessions": admission.active,

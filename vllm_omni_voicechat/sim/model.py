@@ -45,6 +45,7 @@ from ..model.prompt import (
     tools_from_prompt,
 )
 from ..model.tokens import split_tokens
+from .real_speech import SphinxEar, check_available, spoken_frames, token_schedule
 
 SOTC = "<SPECIAL_20>"
 EOTC = "<SPECIAL_21>"
@@ -112,10 +113,16 @@ class SimulatorModel:
         self,
         behaviour: SimBehaviour | None = None,
         *,
+        real_speech: bool = False,
         sleep: Callable[[float], None] = time.sleep,
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.behaviour = behaviour or SimBehaviour()
+        self.real_speech = real_speech
+        """Hear with PocketSphinx and speak with eSpeak NG (``sim/real_speech.py``) instead of simulator speech."""
+        self._ear: SphinxEar | None = None
+        if real_speech:
+            check_available()
         self._sleep = sleep
         self._timer = timer
         self.prompt = SessionPrompt()
@@ -131,7 +138,7 @@ class SimulatorModel:
     @property
     def inline_steps(self) -> bool:
         """A step takes microseconds unless a slow model is scripted: hosts may run it on their event loop."""
-        return not self.behaviour.step_delay_s
+        return not self.behaviour.step_delay_s and not self.real_speech  # real speech: ~30 ms a position
 
     def prefill(self, prompt: SessionPrompt) -> None:
         if self.behaviour.prefill_delay_s:
@@ -139,6 +146,8 @@ class SimulatorModel:
         if self.behaviour.fail_prefill:
             self.prefills_failed += 1
             raise ModelError("simulated prefill failure")
+        if self.real_speech and self._ear is None:
+            self._ear = SphinxEar()  # its models take ~0.4 s to load: once per session, in the prefill
         self.prompt = prompt
         self.system_prompt = render_system_prompt(prompt)
         self.tools = tools_from_prompt(self.system_prompt)  # the simulator honours the rendered tool block
@@ -205,7 +214,7 @@ class SimulatorModel:
                 agent = AgentOutput(AgentControl.AGENT_BOS, TOKEN_IDS["bos"])
                 boundary_started = True
                 self._phase = _Phase.RESPONDING
-                self._reply = deque(split_tokens("Hello there."))
+                self._say("Hello there.")
             elif index == b.self_start_function_at and self._fn_idle:
                 self._begin_cycle(self._first_tool_call())  # not a head prediction: the gate cannot stop it
             elif index == b.function_head_sotc_at and self._fn_idle:
@@ -265,12 +274,19 @@ class SimulatorModel:
 
     def _reset_state(self) -> None:
         self.positions = 0
-        self._decoder = SpeechDecoder(16_000)
+        if self.real_speech:
+            if self._ear is not None:
+                self._ear.reset()
+            self._decoder = self._ear  # made by the prefill, off the event loop
+        else:
+            self._decoder = SpeechDecoder(16_000)
         self._blank_count = 0
         self._transcript = ""
         self._armed_fence: int | None = None
         self._phase = _Phase.LISTENING
         self._reply: deque[str] = deque()
+        self._voice: deque[bytes] = deque()  # real speech: the reply's audio frames still to go out
+        self._schedule: deque[int] = deque()  # real speech: how many text tokens go out with each of them
         self._eos_requested = False
         self._tail_left = 0
         self._heard_speech = False
@@ -290,6 +306,8 @@ class SimulatorModel:
         self._gate: FunctionGate[str] = FunctionGate(SOTC)
 
     def _hear(self, pcm: bytes) -> RnntEvidence:
+        if self._decoder is None:  # real speech stepped before any prefill
+            self._ear = self._decoder = SphinxEar()
         step = self._decoder.feed(pcm)
         delta = "".join(step.pieces)
         # Blank means "no speech energy on this frame": a word whose end is only recognised on the following
@@ -298,6 +316,8 @@ class SimulatorModel:
         if self.behaviour.never_reach_fence:
             blank = False
         self._blank_count = self._blank_count + 1 if blank else 0
+        if delta and self.real_speech and self._transcript:
+            delta = " " + delta  # the ear's utterances are bare words
         if delta:
             self._transcript += delta
         if not blank:
@@ -330,13 +350,23 @@ class SimulatorModel:
             self._next_call = call  # the function head predicts it on the first post-BOS position
             self._reply = deque()
         else:
-            self._reply = deque(split_tokens(_reply_text(self.behaviour.reply_template, transcript.strip())))
+            self._say(_reply_text(self.behaviour.reply_template, transcript.strip()))
+
+    def _say(self, text: str) -> None:
+        """The reply to speak: its text tokens, and with real speech its audio frames and their tokens' schedule."""
+        self._reply = deque(split_tokens(text))
+        if self.real_speech:
+            self._voice = deque(spoken_frames(text))
+            self._schedule = deque(token_schedule(len(self._reply), len(self._voice)))
 
     def _speak(self, force_pad: bool) -> tuple[AgentOutput, bytes]:
         stalled = self.behaviour.stalled_response is not None
-        if self._eos_requested or (not self._reply and not self.behaviour.endless_response and not stalled):
+        done = not self._reply and not self._voice
+        if self._eos_requested or (done and not self.behaviour.endless_response and not stalled):
             self._eos_requested = False
             self._reply.clear()
+            self._voice.clear()
+            self._schedule.clear()
             self._phase = _Phase.TAIL
             self._tail_left = self.behaviour.tail_positions
             return AgentOutput(AgentControl.AGENT_EOS, TOKEN_IDS["eos"]), SILENT_OUTPUT_FRAME
@@ -346,8 +376,17 @@ class SimulatorModel:
             return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), SILENT_OUTPUT_FRAME
         if self.behaviour.stalled_response == "hum":
             return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), _HUM
-        if not self._reply:  # endless: keep talking
-            self._reply.extend(split_tokens(" and more"))
+        if done:  # endless: keep talking
+            if self.real_speech:
+                self._say("and more")
+            else:
+                self._reply.extend(split_tokens(" and more"))
+        if self._voice:
+            audio = self._voice.popleft()
+            text = "".join(self._reply.popleft() for _ in range(self._schedule.popleft()))
+            if not text:
+                return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), audio
+            return AgentOutput(AgentControl.TEXT, TOKEN_IDS["text"], text), audio
         token = self._reply.popleft()
         audio = render_token_audio(token, 22_050, OUTPUT_FRAME_SAMPLES)
         return AgentOutput(AgentControl.TEXT, TOKEN_IDS["text"], token), audio
@@ -364,7 +403,7 @@ class SimulatorModel:
     def _call_for(self, transcript: str) -> tuple[str, dict] | None:
         m = _CALL_RE.match(transcript)
         if not m:
-            return None
+            return self._spoken_call(transcript) if self.real_speech else None
         names = self._tool_names()
         name = names.get(m.group(1).replace("-", "_"))
         if name is None:
@@ -374,6 +413,16 @@ class SimulatorModel:
         except json.JSONDecodeError:
             return None
         return (name, args) if isinstance(args, dict) else None
+
+    def _spoken_call(self, transcript: str) -> tuple[str, dict] | None:
+        """Real speech: an utterance that says a tool's name (``local_time``: "what is the local time") calls it,
+        with no arguments (JSON cannot be said aloud; the recogniser rarely hears the word "call")."""
+        heard = f" {' '.join(re.findall(r'[a-z0-9]+', transcript.lower()))} "
+        for tool in self.tools:
+            spoken = " ".join(re.findall(r"[a-z0-9]+", tool.name.lower().replace("_", " ").replace("-", " ")))
+            if spoken and f" {spoken} " in heard:
+                return tool.name, {}
+        return None
 
     def _first_tool_call(self) -> tuple[str, dict]:
         name = self.tools[0].name if self.tools else "lookup"
@@ -413,7 +462,7 @@ class SimulatorModel:
                 self._next_call = self._pending_call
             else:
                 self._pending_call = None
-                self._reply = deque(split_tokens(self.behaviour.tool_reply_template.format(output=output)))
+                self._say(self.behaviour.tool_reply_template.format(output=output))
                 if self._post_fc_bos:
                     self._post_fc_bos = False
                     self._force_bos_next = not self.behaviour.skip_post_fc_bos

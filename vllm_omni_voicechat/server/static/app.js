@@ -800,6 +800,11 @@ async function refreshHealth() {
       ["sessions", `${h.active_sessions} of ${h.max_sessions} in use`],
       ["typed input", h.typed_input?.ready ? `ready (${h.typed_input.synthesizer})` : "unavailable"],
     ];
+    if (h.speech) {
+      // The simulator's ear and mouth: its own tones, or real speech (serve --speech real)
+      rows.push(["speech", h.speech === "real" ? "real: PocketSphinx hears you, eSpeak NG answers"
+                                               : "simulator tones (serve --speech real for your voice)"]);
+    }
     dl.textContent = "";
     for (const [k, v] of rows) {
       dl.append(Object.assign(document.createElement("dt"), { textContent: k }));
