@@ -311,3 +311,4 @@ def test_with_api_keys_the_page_asks_for_one_and_sends_it_as_a_subprotocol(brows
             assert t.response(0)["heard"] == "You said: with a key."
         finally:
             t.close()
+
