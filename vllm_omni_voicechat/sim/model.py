@@ -45,7 +45,7 @@ from ..model.prompt import (
     tools_from_prompt,
 )
 from ..model.tokens import split_tokens
-from .real_speech import SphinxEar, check_available, spoken_frames, token_schedule
+from .real_speech import Mouth, SphinxEar, check_available, token_schedule
 
 SOTC = "<SPECIAL_20>"
 EOTC = "<SPECIAL_21>"
@@ -121,6 +121,7 @@ class SimulatorModel:
         self.real_speech = real_speech
         """Hear with PocketSphinx and speak with eSpeak NG (``sim/real_speech.py``) instead of simulator speech."""
         self._ear: SphinxEar | None = None
+        self._mouth = Mouth() if real_speech else None
         if real_speech:
             check_available()
         self._sleep = sleep
@@ -320,6 +321,8 @@ class SimulatorModel:
             delta = " " + delta  # the ear's utterances are bare words
         if delta:
             self._transcript += delta
+            if self._mouth is not None:  # the echo is known now; the turn ends at least a fence later
+                self._mouth.prepare(_reply_text(self.behaviour.reply_template, self._transcript.strip()))
         if not blank:
             self._heard_speech = True
         return RnntEvidence(blank, self._blank_count, delta, bool(delta) or step.energetic)
@@ -355,8 +358,8 @@ class SimulatorModel:
     def _say(self, text: str) -> None:
         """The reply to speak: its text tokens, and with real speech its audio frames and their tokens' schedule."""
         self._reply = deque(split_tokens(text))
-        if self.real_speech:
-            self._voice = deque(spoken_frames(text))
+        if self._mouth is not None:
+            self._voice = deque(self._mouth.frames(text))
             self._schedule = deque(token_schedule(len(self._reply), len(self._voice)))
 
     def _speak(self, force_pad: bool) -> tuple[AgentOutput, bytes]:
@@ -450,6 +453,9 @@ class SimulatorModel:
             self._injected.append(token)
             if not self._inject:
                 self._fn_awaiting_eotr = True
+                if self._mouth is not None:  # the answer is known a position before it is due
+                    output = _unwrap_result("".join(self._injected))
+                    self._mouth.prepare(self.behaviour.tool_reply_template.format(output=output))
             return token, None
         if self._fn_awaiting_eotr and not self.behaviour.function_never_finishes:
             # EOTR ends the cycle on this position; whatever follows (a chained call, the answer, a forced
