@@ -194,22 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from .fleet.keys import check_replica_name
         from .server import create_app
+        from .server.uvicorn import REQUEST_HEAD_TIMEOUT_S, VoicechatUvicornServer, uvicorn_config
+        from .sim.real_speech import SpeechUnavailable
 
         if args.replica is not None:
             try:
                 check_replica_name(args.replica)
             except ValueError as exc:
                 build_parser().error(str(exc))
-
-        from .sim.real_speech import SpeechUnavailable
-
         try:
             config = _simulator_config(args)
         except SpeechUnavailable as exc:
             print(f"vllm-omni-voicechat: {exc}", file=sys.stderr)
             return 2
-        from .server.uvicorn import REQUEST_HEAD_TIMEOUT_S, VoicechatUvicornServer, uvicorn_config
-
         app = create_app(config, manage_heap=True)
         server = VoicechatUvicornServer(
             uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level,
