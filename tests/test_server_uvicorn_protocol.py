@@ -284,6 +284,31 @@ def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport
     asyncio.run(scenario())
 
 
+def test_an_outbox_whose_client_left_ends_its_writer():
+    """A write that fails (the client left) is a disconnect: the session is told (``on_gone``) and the writer task
+    ends, instead of waiting forever for events that will never come, a pending task whose frame holds the outbox
+    and its socket for the collector to find (the server's collector is off between backstops: server/heap.py)."""
+    from starlette.websockets import WebSocket
+
+    from vllm_omni_voicechat.server.outbox import Outbox
+
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        scope = {"type": "websocket", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "path": "/",
+                 "headers": [], "query_string": b""}
+        gone: list[bool] = []
+        outbox = Outbox(WebSocket(scope, None, None), ServerConfig.simulator(), on_overflow=lambda: None,
+                        on_gone=lambda outbox: gone.append(True))
+        await _loop_turns(2)  # the writer waits for work
+        protocol.connection_lost(None)  # the client left: the next write fails
+        assert outbox.put('{"type":"a"}')
+        await _loop_turns(3)
+        assert gone == [True] and outbox.gone
+        assert outbox._task.done()  # the writer ended (it returns when cancelled: no error holds its frame)
+
+    asyncio.run(scenario())
+
+
 def test_frames_go_straight_to_the_session_and_wait_with_reading_paused_when_it_has_no_room():
     """server/reader.py on our protocol: each parsed frame is offered at once; one the session cannot take is held
     with reading paused (TCP backpressure), held frames go on in order when there is room, then reading resumes; a

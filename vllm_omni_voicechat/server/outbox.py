@@ -242,6 +242,9 @@ class Outbox:
         self._stop_watching()
         self.gone = True
         self._clear()
+        # The writer would wait for events forever: a pending task whose frame holds this outbox and its socket
+        # until the collector's backstop (a write that failed outside the task, in _flush, left it waiting)
+        self._task.cancel()
         self._on_gone(self)
 
     def _write_batch(self, direct: AbortableWebSockets, trace: Trace | None) -> None:
