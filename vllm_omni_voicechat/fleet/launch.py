@@ -9,6 +9,7 @@ import contextlib
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -98,8 +99,6 @@ class Fleet:
 
     def runtime(self, command: str) -> str:
         """One command on HAProxy's runtime API (its stats socket)."""
-        import socket
-
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(self.runtime_socket)
             s.sendall(command.encode() + b"\n")
@@ -109,7 +108,7 @@ class Fleet:
         return b"".join(chunks).decode()
 
     def stop(self) -> None:
-        for name, process in reversed(list(self.processes.items())):
+        for process in reversed(list(self.processes.values())):
             if process.poll() is None:
                 process.send_signal(signal.SIGINT)  # a replica's SIGTERM drains; SIGINT stops
         for process in self.processes.values():
@@ -137,6 +136,7 @@ def run(n: int, port: int, host: str, serve_args: Sequence[str]) -> int:
     """``serve --replicas N``: run until interrupted."""
     with Fleet(n, port, host=host, serve_args=serve_args) as fleet:
         print(f"{n} replicas behind HAProxy on {fleet.url} (config: {fleet.config_path})", flush=True)
+
         def interrupt(signum: int, frame: object) -> None:
             raise KeyboardInterrupt
 
