@@ -10,4 +10,4 @@ if ! command -v haproxy >/dev/null; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q haproxy
 fi
 # The Debian package may start a system haproxy on its default config; ours runs its own processes only.
-haproxy -v | head -1
+haproxy -v | sed -n 1p  # sed reads it all: head would close the pipe under pipefail (SIGPIPE)
