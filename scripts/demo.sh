@@ -5,11 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install -q -e .
-PORT=${PORT:-$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
-.venv/bin/vllm-omni-voicechat serve --model sim --host 127.0.0.1 --port "$PORT" --log-level warning &
-SERVER=$!
-trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
-.venv/bin/python - "$PORT" <<'PY'
+wait_ready() {  # until the server on $PORT answers /health (60 s at most)
+    .venv/bin/python - "$PORT" <<'PY'
 import sys, time, urllib.request
 deadline = time.monotonic() + 60
 while True:
@@ -21,6 +18,12 @@ while True:
             sys.exit("the server did not become ready")
         time.sleep(0.1)
 PY
+}
+PORT=${PORT:-$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+.venv/bin/vllm-omni-voicechat serve --model sim --host 127.0.0.1 --port "$PORT" --log-level warning &
+SERVER=$!
+trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
+wait_ready
 .venv/bin/python examples/v3_conversation.py --url "ws://127.0.0.1:$PORT/v1/realtime" --wav out/v3_assistant.wav "$@"
 kill "$SERVER" 2>/dev/null || true
 wait "$SERVER" 2>/dev/null || true
@@ -34,18 +37,7 @@ if command -v espeak-ng >/dev/null; then
     SERVER=$!
     mkdir -p out/real_speech
     espeak-ng -v en-us+f2 -s 140 -w out/real_speech/question.wav "Hello there, how are you doing?"
-    .venv/bin/python - "$PORT" <<'PY'
-import sys, time, urllib.request
-deadline = time.monotonic() + 60
-while True:
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=1)
-        break
-    except OSError:
-        if time.monotonic() > deadline:
-            sys.exit("the server did not become ready")
-        time.sleep(0.1)
-PY
+    wait_ready
     .venv/bin/vllm-omni-voicechat talk --url "ws://127.0.0.1:$PORT" --wav out/real_speech/question.wav \
         --save-wav out/real_speech
 else

@@ -239,21 +239,28 @@ def test_a_positions_events_leave_in_one_write_and_the_trace_sees_every_frame(mo
     assert len(batches) < len(written) / 1.5, (len(batches), len(written))
 
 
+def _outbox(gone: list[bool]):
+    """An outbox on a socket of our protocol (``_connected``'s); ``gone`` records its client leaving."""
+    from starlette.websockets import WebSocket
+
+    from vllm_omni_voicechat.server.outbox import Outbox
+
+    scope = {"type": "websocket", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "path": "/",
+             "headers": [], "query_string": b""}
+    return Outbox(WebSocket(scope, None, None), ServerConfig.simulator(), on_overflow=lambda: None,
+                  on_gone=lambda outbox: gone.append(True))
+
+
 def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport_buffer():
     """Events queued in one step leave in one write once the step yields (no writer task wakes for them); while
     the transport is above its high-water mark nothing is written, and everything queued meanwhile leaves in
     order, in one write, when it drains."""
-    from starlette.websockets import WebSocket
-
-    from vllm_omni_voicechat.server.outbox import BATCH_EVENTS, Outbox
+    from vllm_omni_voicechat.server.outbox import BATCH_EVENTS
 
     async def scenario() -> None:
         protocol, transport, client = await _connected()
-        scope = {"type": "websocket", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "path": "/",
-                 "headers": [], "query_string": b""}
         gone: list[bool] = []
-        outbox = Outbox(WebSocket(scope, None, None), ServerConfig.simulator(), on_overflow=lambda: None,
-                        on_gone=lambda outbox: gone.append(True))
+        outbox = _outbox(gone)
         assert outbox.put('{"type":"a"}') and outbox.put('{"type":"b"}')
         assert transport.writes == []  # not before the step yields
         await _loop_turns(3)
@@ -288,17 +295,10 @@ def test_an_outbox_whose_client_left_ends_its_writer():
     """A write that fails (the client left) is a disconnect: the session is told (``on_gone``) and the writer task
     ends, instead of waiting forever for events that will never come, a pending task whose frame holds the outbox
     and its socket for the collector to find (the server's collector is off between backstops: server/heap.py)."""
-    from starlette.websockets import WebSocket
-
-    from vllm_omni_voicechat.server.outbox import Outbox
-
     async def scenario() -> None:
         protocol, transport, client = await _connected()
-        scope = {"type": "websocket", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "path": "/",
-                 "headers": [], "query_string": b""}
         gone: list[bool] = []
-        outbox = Outbox(WebSocket(scope, None, None), ServerConfig.simulator(), on_overflow=lambda: None,
-                        on_gone=lambda outbox: gone.append(True))
+        outbox = _outbox(gone)
         await _loop_turns(2)  # the writer waits for work
         protocol.connection_lost(None)  # the client left: the next write fails
         assert outbox.put('{"type":"a"}')
