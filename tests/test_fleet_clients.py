@@ -73,7 +73,7 @@ def test_our_clients_spread_and_each_resumes_on_its_owner(fleet):
             first_id = c.session_id
             for _ in range(2):
                 resumed = asyncio.ensure_future(c.wait_for("connection.resumed", timeout_s=30))
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # ok: a yield, so the waiter is listening before the cut
                 transports[-1].cut()
                 await resumed
             out.append((first_id, c.session_id, list(urls)))
@@ -97,7 +97,7 @@ def test_a_stock_duplex_client_resumes_from_the_same_source_address(fleet):
         async with c:
             first_id = c.session_id
             resumed = asyncio.ensure_future(c.wait_for("connection.resumed", timeout_s=30))
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # ok: a yield, so the waiter is listening before the cut
             transports[-1].cut()
             await resumed
             return first_id, c.session_id, urls
