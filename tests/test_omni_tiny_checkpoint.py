@@ -419,6 +419,82 @@ def test_our_talker_gives_each_session_a_noise_stream_of_its_own(distributed, ch
     assert mixed != alone
 
 
+@pytest.mark.parametrize("guided", [False, True], ids=["unguided", "guided"])
+def test_our_talker_samples_a_forwards_rows_together_each_on_its_own_stream(distributed, checkpoint, guided):
+    """Where no graph is replayed (CPU) our talker MoG-samples a forward's rows in one call (omni/talker/rows.py):
+    each row's codes and its session's stream afterwards are exactly those of the row sampled alone (the parent's
+    per-row call on the session's stream), so a session's audio does not depend on what shares its forward. Both
+    of the parent's sampling configurations: a conditional row each (deployed), and guided [cond; uncond] pairs."""
+    from vllm_omni_voicechat.omni.talker import ARCHITECTURE, register_architecture
+    from vllm_omni_voicechat.omni.talker.model import initial_state, session_draws
+    from vllm_omni_voicechat.omni.talker.rows import RowStreams, sample_rows
+
+    register_architecture()
+    _, model = build_stage(checkpoint, **{**talker_args(native=True), "model_arch": ARCHITECTURE})
+    tts = model.tts.tts_model
+    config = model.tts._get_generation_config(guided)
+    assert (config.get("guidance_scale") is not None) == guided
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(3)
+    seeds = [11, 22, 33, 44]
+    frames = [[(torch.randn(1, 1, 64, generator=g), torch.randn(1, 1, 64, generator=g)) for _ in seeds]
+              for _ in range(5)]
+
+    def alone(row):
+        session = {"vc_rng": initial_state(seeds[row], cpu)}
+        out = []
+        for frame in frames:
+            cond, uncond = frame[row]
+            with torch.inference_mode(), session_draws(session, cpu):
+                codes, _, _ = tts.generate_step(torch.cat([cond, uncond]) if guided else cond,
+                                                ignore_eos_flag_stop=True, **config)
+            out.append(codes.reshape(-1).tolist())
+        return out, session["vc_rng"]
+
+    solo = [alone(row) for row in range(len(seeds))]
+    states = [initial_state(seed, cpu) for seed in seeds]
+    together: list[list] = [[] for _ in seeds]
+    for frame in frames:
+        codes, states = sample_rows(tts, config, [c for c, _ in frame], [u for _, u in frame] if guided else None,
+                                    states)
+        for row, code in enumerate(codes):
+            assert code.shape == (1, 1, 31)
+            together[row].append(code.reshape(-1).tolist())
+    for row, state in enumerate(states):
+        assert together[row] == solo[row][0]
+        assert torch.equal(state, solo[row][1])  # the stream goes on where the lone session's would
+    assert len({str(codes) for codes in together}) == len(seeds)
+
+    # a draw that is not one per row has no stream to come from: refused, never drawn from a neighbour's
+    with pytest.raises(RuntimeError, match="own stream"), RowStreams([torch.Generator()] * 2):
+        torch.rand_like(torch.zeros(3, 4))
+
+
+def test_our_talker_encodes_each_subword_row_once(distributed, checkpoint, monkeypatch):
+    """A row of the talker's subword table depends on its token id alone, and a duplex timeline grows by about one
+    token a position, mostly text pads: our talker encodes each token once, alone, and keeps the row (bounded)."""
+    from vllm_omni_voicechat.omni.talker import ARCHITECTURE, register_architecture
+    from vllm_omni_voicechat.omni.talker import model as talker
+
+    register_architecture()
+    _, model = build_stage(checkpoint, **{**talker_args(native=True), "model_arch": ARCHITECTURE})
+    parent = super(talker.VoiceChatRealtimeTalker, model)._encode_cas_rows
+    timeline = torch.tensor([5, 9, 5, 5, 17, 9, 5], dtype=torch.long)
+    alone = torch.cat([parent(timeline[i : i + 1]) for i in range(len(timeline))])
+    calls = []
+    real = talker.NemotronVoiceChatTalkerForConditionalGeneration._encode_cas_rows
+    monkeypatch.setattr(talker.NemotronVoiceChatTalkerForConditionalGeneration, "_encode_cas_rows",
+                        lambda self, ids: calls.append(ids.tolist()) or real(self, ids))
+    assert torch.equal(model._encode_cas_rows(timeline), alone)  # each row what the parent gives that token alone
+    assert calls == [[5], [9], [17]]
+    assert torch.allclose(model._encode_cas_rows(timeline[:3]), parent(timeline[:3]), atol=1e-6)  # and in a batch
+    assert calls == [[5], [9], [17]]  # every row kept
+
+    monkeypatch.setattr(talker, "CAS_ROWS_KEPT", 2)
+    model._encode_cas_rows(torch.tensor([23], dtype=torch.long))
+    assert list(model._vc_cas_rows) == [5, 23]  # bounded: the least recently used went first
+
+
 # ---- stage 2: the codec ----------------------------------------------------------------------------------------
 
 

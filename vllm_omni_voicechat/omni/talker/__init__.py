@@ -1,7 +1,8 @@
 """Our Stage-1 talker for vLLM-Omni 0.30.0: vLLM-Omni's EAR-TTS talker with a noise source of each session's own.
 
-``seed`` (stdlib): a talker request's seed from its session seed and epoch. ``model`` (vLLM): the registered talker
-subclass. Import the submodules directly; this package imports nothing heavy.
+``seed`` (stdlib): a talker request's seed from its session seed and epoch. ``rows`` (vLLM-Omni): a forward's rows
+MoG-sampled together, each on its session's stream. ``model`` (vLLM): the registered talker subclass. Import the
+submodules directly; this package imports nothing heavy.
 """
 
 ARCHITECTURE = "VoiceChatRealtimeTalkerForConditionalGeneration"
