@@ -6,7 +6,9 @@ and every position of each script is the same in both runs: its Stage-0 token, i
 The packet digest also stands for the talker's codes: the codec is deterministic and the tiny codec's output depends
 on the codes (``omni/tiny/script.py``), and before each session's talker drew its noise from a stream of its own
 (``omni/talker``) it drew from the process's, so two sessions at once changed each other's codes and audio. The
-codes themselves are compared in ``tests/test_omni_talker_model.py`` (the talker in-process, sessions interleaved).
+codes themselves are compared in ``tests/test_omni_tiny_checkpoint.py`` (the talker in-process: sessions interleaved,
+and a forward's rows sampled together against each row alone). Together, Stage-1 forwards carry several sessions'
+rows, which on CPU our talker samples in one call (``omni/talker/rows.py``): the run shows that path too.
 
 Burst-fed: every append is sent at once and the barriers are written in order, so which position each event lands
 on does not depend on timing. A tool turn waits for the client's result on the 80 ms clock (the client's reaction
@@ -15,8 +17,10 @@ time decides how many positions run meanwhile), so the tool script is compared u
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -140,3 +144,10 @@ def test_four_scripts_together_are_position_by_position_what_each_is_alone(engin
     # alone, each position had a forward of its own; together, positions shared Stage-0 forwards
     assert {batch for _, batch in runs.values()} == {1}
     assert max(batch for _, batch in runs_together.values()) >= 2
+    assert max(stage_forwards(engine.log_path.read_text(errors="replace"), 1)) >= 2  # rows sampled together
+
+
+def stage_forwards(log: str, stage: int) -> dict[int, int]:
+    """The last ``voicechat stage N forwards by requests`` counts a stage's scheduler logged (omni/scheduler.py)."""
+    lines = re.findall(rf"voicechat stage {stage} forwards by requests: (\{{[^}}]*\}})", log)
+    return {int(k): v for k, v in ast.literal_eval(lines[-1]).items()} if lines else {0: 0}
