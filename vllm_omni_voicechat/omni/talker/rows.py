@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from vllm_omni.model_executor.models.nemotron_voicechat.nemo_vendored.ear_tts_model import (
     depthsum_encoding_step,
@@ -60,7 +61,7 @@ def sample_rows(model: Any, generation_config: dict[str, Any], conditional: Sequ
     ``generate_step`` gives for it) and each session's generator state after its draws.
 
     The unmasking loop of ``RVQEARTTSModel.generate_step`` (its ``ignore_eos_flag_stop`` form: the codes never read
-    its EOS head, so that head is not run), on the model's own parts: its unmasking schedule, code embedding, MoG
+    its EOS head, so that head is not run), on the model's own parts: its unmasking schedule, code embeddings, MoG
     head and residual quantizer. Only the head's one draw runs under ``RowStreams`` (~20 ops an iteration; a mode
     around all ~1,600 ops of a step cost twice what batching saves); the Gaussian noise is drawn here, per row.
     ``tests/test_omni_tiny_checkpoint.py`` holds it equal to the parent's per-row step, row by row."""
@@ -80,11 +81,16 @@ def sample_rows(model: Any, generation_config: dict[str, Any], conditional: Sequ
     with torch.inference_mode():
         code = torch.full((len(states), 1, int(model.config.num_quantizers)), int(model.config.codebook_size),
                           dtype=torch.long, device=hidden.device)
+        levels = model.rvq_embs
+        # The code's depth-sum embedding, kept as levels are set: the parent's ``depthsum_embedding`` re-adds all 31
+        # levels every iteration in level order, the still-masked ones as exact zeros, so the running sum in the
+        # same order is the same value for an eighth of the lookups.
+        depthsum = torch.zeros((len(states), 1, levels.shape[-1]), device=hidden.device)
         done = 0
         for i, count in enumerate(model._unmask_schedule(num_iter, float(exponent))):
             if count == 0:
                 continue
-            embeds = model.embed_code(model.depthsum_embedding(code).to(model.embed_code.weight.dtype))
+            embeds = model.embed_code(depthsum.to(model.embed_code.weight.dtype))
             if model.config.random_target_masking:
                 embeds = embeds + model.embed_target_mask(torch.tensor(done + count - 1, device=hidden.device))
             scale = guidance[i] if guidance is not None else 0.0
@@ -95,7 +101,9 @@ def sample_rows(model: Any, generation_config: dict[str, Any], conditional: Sequ
             noise = torch.cat([torch.randn((1, *mu.shape[1:]), generator=g, dtype=mu.dtype, device=mu.device)
                                for g in generators])
             z = mu + torch.exp(logs) * noise * (noise_scale[i] if noise_scale is not None else 1.0)
-            code = depthsum_encoding_step(model.rvq_embs, z, code, done, count)
+            code = depthsum_encoding_step(levels, z, code, done, count)
+            for level in range(done, done + count):
+                depthsum = depthsum + F.embedding(code[..., level], levels[level])
             done += count
     return [code[i : i + 1] for i in range(len(states))], [g.get_state() for g in generators]
 
