@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.skipif(_skip is not None, reason=_
 
 TOOLS = [{"type": "function", "name": "get_time", "description": "The local time",
           "parameters": {"type": "object", "properties": {}}}]
-BATCH_FIELDS = {"tick", "tick_size", "held_ms", "stage0_batch"}
+BATCH_FIELDS = {"tick", "tick_size", "held_ms", "stage0_batch", "perceived_with"}
 """Telemetry that says how a position was batched, which is what differs between the runs."""
 
 
@@ -106,7 +106,7 @@ async def run_script(url: str, name: str) -> tuple[list[dict], int]:
         await c.stop()
         assert c.errors == [], (name, c.errors)
         events = list(c.events)
-    positions, batch = [], 0
+    positions, batch, perceived = [], 0, 0
     for e in events:
         if e["type"] == "response.function_call_arguments.done" and name == "tool":
             break  # the wait for the client's result runs on the clock: compared up to here
@@ -117,9 +117,10 @@ async def run_script(url: str, name: str) -> tuple[list[dict], int]:
             # is timing (a loaded machine read it a position later), not the session's evidence
             state.pop("open_client_turn_id", None)
             batch = max(batch, state["model"].get("stage0_batch") or 0)
+            perceived = max(perceived, state["model"].get("perceived_with") or 0)
             state["model"] = {k: v for k, v in state["model"].items() if k not in BATCH_FIELDS}
             positions.append({"frame": e["frame"], "transport_frame": e["transport_frame"], **state})
-    return positions, batch
+    return positions, (batch, perceived)
 
 
 def test_four_scripts_together_are_position_by_position_what_each_is_alone(engine):
@@ -141,9 +142,10 @@ def test_four_scripts_together_are_position_by_position_what_each_is_alone(engin
         assert len(alone[name]) == len(shared[name]), name
     # the audio is not a constant: the packets carry the talker's codes
     assert len({p["model"]["stage2_crc32"] for p in alone["spoken"]}) > 3
-    # alone, each position had a forward of its own; together, positions shared Stage-0 forwards
-    assert {batch for _, batch in runs.values()} == {1}
-    assert max(batch for _, batch in runs_together.values()) >= 2
+    # alone, each position had a forward and a perception of its own; together, positions shared both
+    assert {batches for _, batches in runs.values()} == {(1, 1)}
+    assert max(batch for _, (batch, _) in runs_together.values()) >= 2
+    assert max(perceived for _, (_, perceived) in runs_together.values()) >= 2
     assert max(stage_forwards(engine.log_path.read_text(errors="replace"), 1)) >= 2  # rows sampled together
 
 

@@ -300,6 +300,60 @@ def test_streaming_perception_gives_one_embedding_per_80_ms_frame_and_feeds_the_
         assert evidence.blank == (not tokens) and all(0 <= t < 64 for t in tokens)
 
 
+def test_our_thinker_perceives_a_forwards_frames_together_as_each_alone(our_thinker):
+    """vLLM-Omni's runner calls ``preprocess_batch`` before each request's ``preprocess``: our thinker perceives every
+    continuing stream's new frame in one encoder call (omni/thinker/perception.py) and stores it where the parent
+    keeps a perceived frame. Four streams (one begun three frames later, its encoder cache less full) perceived
+    together leave every stream, its caches and its fused frame exactly as perceiving each alone does; a stream's
+    first frame, a repeat and a gap stay the parent's."""
+    import copy
+
+    from vllm_omni_voicechat.omni.thinker import perception
+
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(4)
+    pcm = [[base64.b64encode((torch.randn(FRAME_IN, generator=g) * 0.1).numpy().astype("<f4").tobytes()).decode()
+            for _ in range(30)] for _ in range(4)]
+
+    def duplex(stream, seq):
+        return {"data_plane": True, "source_input_seq": seq, "vc": {},
+                "payload": {"format": "pcm_f32le", "sample_rate_hz": 16000, "audio": pcm[stream][seq - 1]}}
+
+    starts = [1, 1, 4, 1]  # stream 2 begins later: its cache is less full
+    sessions = [{} for _ in range(4)]
+    alone = [{} for _ in range(4)]
+    for stream in range(4):  # each stream's first frames, the parent's path
+        for seq in range(1, starts[stream] + 3):
+            our_thinker._duplex_stable_frame(sessions[stream], duplex(stream, seq), cpu)
+    together = copy.deepcopy(sessions)
+    seqs = [starts[stream] + 2 for stream in range(4)]
+    batched = 0
+    for _ in range(12):
+        seqs = [seq + 1 for seq in seqs]
+        for stream in range(4):
+            our_thinker._duplex_stable_frame(alone[stream] or sessions[stream], duplex(stream, seqs[stream]), cpu)
+            alone[stream] = alone[stream] or sessions[stream]
+        rows = [perception.prepare(our_thinker, together[i], duplex(i, seqs[i]), cpu) for i in range(4)]
+        assert all(row is not None for row in rows)
+        for row, update in perception.perceive_together(our_thinker, rows):
+            row.session.update(update)
+        batched += 1
+        for stream in range(4):
+            our_thinker._duplex_stable_frame(together[stream], duplex(stream, seqs[stream]), cpu)  # stored: reused
+            for key in ("duplex_frame", "vc_encoder_frame", *perception.CACHE_KEYS, "duplex_audio"):
+                assert torch.equal(together[stream][key], alone[stream][key]), (stream, seqs[stream], key)
+            assert together[stream]["last_input_seq"] == alone[stream]["last_input_seq"] == seqs[stream]
+    assert batched == 12
+    # one encoder call for the streams whose caches are equally full, one for the later stream
+    keys = [row.key() for row in rows]
+    assert [[i for i, k in enumerate(keys) if k == key] for key in dict.fromkeys(keys)] == [[0, 1, 3], [2]]
+
+    # not a plain continuation: the parent's
+    assert perception.prepare(our_thinker, together[0], duplex(0, seqs[0] + 2), cpu) is None  # a gap
+    assert perception.prepare(our_thinker, together[0], duplex(0, seqs[0]), cpu) is None  # a repeat
+    assert perception.prepare(our_thinker, {}, duplex(0, 1), cpu) is None  # a first frame
+
+
 # ---- stage 1: the talker -------------------------------------------------------------------------------------------
 
 

@@ -2,7 +2,8 @@
 
 ``rnnt`` (torch): the RNNT decoder + joint and its greedy per-position step. ``controls`` (torch-free): the
 per-session control state machine that turns raw text/function predictions, RNNT evidence and the position's
-``vc`` controls into effective tokens and the ``vc_step`` evidence. ``model`` (vLLM): the registered thinker
+``vc`` controls into effective tokens and the ``vc_step`` evidence. ``perception`` (vLLM-Omni): a forward's new frames
+perceived in one encoder call. ``model`` (vLLM): the registered thinker
 subclass that wires both into vLLM-Omni's Nemotron VoiceChat thinker. Import the submodules directly; this
 package imports nothing heavy.
 """

@@ -44,6 +44,7 @@ from ..envelope import (
     encode_evidence,
     evidence_to_wire,
 )
+from . import perception
 from .checkpoint import local_rnnt_name
 from .controls import DEFAULT_TAIL_POSITIONS, SpecialIds, ThinkerSession
 from .rnnt import (
@@ -161,6 +162,7 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         stable = super()._duplex_stable_frame(session, duplex, device)
         if self._captured_encoder_frame is not None:  # a fresh frame (the parent caches per input sequence)
             session["vc_encoder_frame"] = self._captured_encoder_frame
+            session["vc_perceived_with"] = 1
         session["vc_projected_frame"] = stable.reshape(-1)
         return stable
 
@@ -173,6 +175,37 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         raise RuntimeError(f"voicechat thinker: no perception frame of the RNNT joint's width {self.rnnt.enc_hidden}")
 
     # ---- Omni AR hooks ----
+
+    def preprocess_batch(self, *, req_ids: list[str], model_intermediate_buffer: dict[str, Any],
+                         device: torch.device) -> None:
+        """vLLM-Omni's batch hook, run before the per-request ``preprocess``: where two or more of our streams
+        continue in this forward, their new frames are perceived together (``perception.py``) and stored where the
+        parent keeps a perceived frame, so each request's ``preprocess`` fuses it as it would its own."""
+        rows = []
+        for request_id in req_ids:
+            info = merge_runtime_info(model_intermediate_buffer.get(request_id) or {})
+            duplex = self._duplex_info(info)
+            session = self._sessions.get(str(request_id))
+            if duplex is None or session is None or not self._is_ours(str(request_id), duplex):
+                continue
+            if str(request_id) in self._failed:
+                continue
+            try:
+                row = perception.prepare(self, session, duplex, device)
+            except Exception:  # the parent's own path meets it again and fails only this request
+                row = None
+            if row is not None:
+                rows.append(row)
+        if len(rows) < 2:
+            return
+        try:
+            done = perception.perceive_together(self, rows)
+        except Exception:  # nothing was written: every row takes the parent's per-request path
+            logger.exception("voicechat thinker: perceiving %d frames together failed; perceiving each alone",
+                             len(rows))
+            return
+        for row, update in done:
+            row.session.update(update)
 
     def preprocess(self, input_ids: torch.Tensor, input_embeds: torch.Tensor | None, **info_dict: Any):
         info = merge_runtime_info(info_dict)
@@ -291,6 +324,8 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         self._sessions[request_id]["func_token"] = fn
         evidence = encode_evidence(result)
         evidence["telemetry"]["stage0_batch"] = batch  # the requests this forward carried (the engine tick's effect)
+        # the frames its perception was encoded with (preprocess_batch), itself included
+        evidence["telemetry"]["perceived_with"] = int(self._sessions[request_id].get("vc_perceived_with", 1))
         return _wire(evidence)
 
     def sample(self, logits: torch.Tensor, sampling_metadata: Any):
