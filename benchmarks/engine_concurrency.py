@@ -13,8 +13,8 @@ steady state is measured:
 * server CPU per session-position by process (the API server with our runtime and vLLM-Omni's orchestrator, and
   each stage's engine core with its worker), all processes of the server included;
 * how many requests each stage's forwards carried: Stage 0 exactly, from our thinker's per-position evidence
-  (``stage0_batch``), and every stage from our stage schedulers' log (cumulative counts logged at most every 2 s:
-  the window's edges are as precise as that).
+  (``stage0_batch``, and ``perceived_with``: how many frames its perception was encoded with), and every stage from
+  our stage schedulers' log (cumulative counts logged at most every 2 s: the window's edges are as precise as that).
 
 ``--slots 40 0`` runs the engine once per tick slot (0: no batching) with everything else as deployed.
 ``--server-root DIR --env KEY=VALUE ...`` serves another checkout's code with its own CPU deploy YAML and environment
@@ -73,6 +73,7 @@ class Stats:
         self.e2e_ms: list[float] = []
         self.late_ms: list[float] = []
         self.stage0_batch: dict[int, float] = {}
+        self.perceived_with: dict[int, float] = {}
         self.tick_size: dict[int, int] = {}
         self.kinds: dict[str, int] = {}
         self.errors: list[str] = []
@@ -120,6 +121,9 @@ async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
                     batch = model.get("stage0_batch")
                     if isinstance(batch, int) and batch > 0:
                         stats.stage0_batch[batch] = stats.stage0_batch.get(batch, 0.0) + 1.0 / batch
+                    together = model.get("perceived_with")
+                    if isinstance(together, int) and together > 0:
+                        stats.perceived_with[together] = stats.perceived_with.get(together, 0.0) + 1.0 / together
                     size = model.get("tick_size")
                     if isinstance(size, int):
                         stats.tick_size[size] = stats.tick_size.get(size, 0) + 1
@@ -232,6 +236,7 @@ def trial(server, n: int, args: argparse.Namespace) -> dict:
         "held_ms": spread(stats.held_ms),
         "tick_size": dict(sorted(stats.tick_size.items())),
         "stage0_forwards_by_requests": {k: round(v) for k, v in sorted(stats.stage0_batch.items())},
+        "stage0_perceptions_by_frames": {k: round(v) for k, v in sorted(stats.perceived_with.items())},
         "logged_forwards_by_requests": batches,
         "server_cpu_cores": round(total_cpu / window_s, 3),
         "cpu_ms_per_session_position": round(total_cpu * 1000.0 / stats.positions, 2) if stats.positions else None,

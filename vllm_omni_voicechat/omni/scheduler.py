@@ -17,9 +17,10 @@ schedule, so the core never blocks): measured here, one open and idle session co
 processes, more than the model work of a real-time session. ``_IdleWait`` makes the schedule after an empty one
 wait until a chunk has arrived, at most ``IDLE_WAIT_S``: a chunk is scheduled as soon as the adapter's receive thread
 has it, and new requests and aborts wait at most ``IDLE_WAIT_S`` in the core's input queue. The chunks of one
-Stage-0 forward arrive one after another (the previous stage's sender thread sends them in turn), so once one has
-arrived the wait goes on while more keep coming (each within ``SETTLE_S``, at most ``SETTLE_MAX_S``) until every
-request of the stage has its chunk: the sessions' positions share this stage's forward too. To be woken, the
+Stage-0 forward arrive one after another (the previous stage's sender thread sends them in turn), so whenever some
+but not all of the stage's requests have a chunk (after an idle wait, or because they came while the stage was
+busy with the previous forward) the schedule waits while more keep coming (each within ``SETTLE_S``, at most
+``SETTLE_MAX_S``) until every request has its chunk: the sessions' positions share this stage's forward too. To be woken, the
 scheduler swaps the chunk adapter's set of received chunks for one that signals each addition (``ChunkArrivals``;
 ``OmniTransferAdapterBase._finished_load_reqs``, a private attribute of vLLM-Omni 0.30.0 that nothing else
 reassigns; pinned by ``tests/test_omni_scheduler.py``). Without it the wait polls.
@@ -47,10 +48,13 @@ TICK_HOLD_S = 0.02
 """How long Stage 0 waits for the rest of a tick after its first position arrived (the tick's submissions reach the
 core within a few milliseconds of each other; a member whose submission failed must not stall the others)."""
 IDLE_WAIT_S = 0.01
-SETTLE_S = 0.0005
+SETTLE_S = 0.002
 """After a chunk arrives, how long the next may take to count as the same batch (the chunks of one Stage-0 forward
-arrive one after another from the previous stage's sender thread)."""
-SETTLE_MAX_S = 0.002
+arrive one after another from the previous stage's sender thread; at four sessions on two cores half a millisecond
+split most forwards, two kept them whole: benchmarks/engine_concurrency.py's Stage 1-2 counts)."""
+SETTLE_MAX_S = 0.006
+"""The most a stage's schedule waits for the rest of a forward's chunks: what batching may add to a position's
+latency at each of Stages 1 and 2."""
 BATCH_LOG_S = 2.0
 BATCH_LOG_FORMAT = "voicechat stage %d forwards by requests: %s"
 
@@ -220,16 +224,18 @@ class _IdleWait:
 
     def _wait_while_idle(self) -> None:
         inputs, self._vc_inputs_seen = self._vc_inputs_seen, self._vc_inputs
-        if not self._vc_idle or inputs != self._vc_inputs or self.has_finished_requests():  # type: ignore[attr-defined]
-            return
         received = received_chunks(self)
-        if received is None or received:
+        if received is None:
             return
-        self.vc_idle_waits += 1
-        received.wait(IDLE_WAIT_S)
-        if received and len(self.requests) > 1:  # type: ignore[attr-defined]
-            # the other sessions' chunks of the same Stage-0 forward are a moment behind: one forward for them all
-            received.settle(len(self.requests), SETTLE_S, SETTLE_MAX_S)  # type: ignore[attr-defined]
+        if (self._vc_idle and inputs == self._vc_inputs and not received
+                and not self.has_finished_requests()):  # type: ignore[attr-defined]
+            self.vc_idle_waits += 1
+            received.wait(IDLE_WAIT_S)
+        expected = len(self.requests)  # type: ignore[attr-defined]
+        if 0 < len(received) < expected:
+            # the other sessions' chunks of the same Stage-0 forward are a moment behind (also when they arrived
+            # while this stage was busy): one forward for them all
+            received.settle(expected, SETTLE_S, SETTLE_MAX_S)
 
     def _note_idle(self, output: Any) -> None:
         self._vc_idle = getattr(output, "total_num_scheduled_tokens", 0) <= 0
