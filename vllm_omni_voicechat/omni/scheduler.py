@@ -20,10 +20,10 @@ has it, and new requests and aborts wait at most ``IDLE_WAIT_S`` in the core's i
 Stage-0 forward arrive one after another (the previous stage's sender thread sends them in turn), so whenever some
 but not all of the stage's requests have a chunk (after an idle wait, or because they came while the stage was
 busy with the previous forward) the schedule waits while more keep coming (each within ``SETTLE_S``, at most
-``SETTLE_MAX_S``) until every request has its chunk: the sessions' positions share this stage's forward too. To be woken, the
-scheduler swaps the chunk adapter's set of received chunks for one that signals each addition (``ChunkArrivals``;
-``OmniTransferAdapterBase._finished_load_reqs``, a private attribute of vLLM-Omni 0.30.0 that nothing else
-reassigns; pinned by ``tests/test_omni_scheduler.py``). Without it the wait polls.
+``SETTLE_MAX_S``) until every request has its chunk: the sessions' positions share this stage's forward too. To be
+woken, the scheduler swaps the chunk adapter's set of received chunks for one that signals each addition
+(``ChunkArrivals``; ``OmniTransferAdapterBase._finished_load_reqs``, a private attribute of vLLM-Omni 0.30.0 that
+nothing else reassigns; pinned by ``tests/test_omni_scheduler.py``). Without it the wait polls.
 
 Every stage logs how many requests its forwards carried (cumulative, at most every ``BATCH_LOG_S`` when it changed):
 ``voicechat stage N forwards by requests: {1: a, 2: b, ...}``; ``benchmarks/engine_concurrency.py`` reads it.
