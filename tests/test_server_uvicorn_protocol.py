@@ -498,6 +498,37 @@ def test_a_frame_over_the_size_limit_is_websockets_to_refuse(limit, size):
     assert taken == ["ok"] and written[0] == 0x88 and written[2:4] == (1009).to_bytes(2, "big")  # close, 1009
 
 
+def test_a_client_still_sending_a_refused_frame_reads_the_close_not_a_reset():
+    """An oversized frame is refused from its header (1009) while the client is still sending it: the server
+    half-closes and discards the rest until the client closes, so the client reads the close frame and a clean end
+    of stream. (Closing at once left the client's bytes unread: the kernel answered them with a reset, the client's
+    send failed with a broken pipe and it could lose the close frame: a flaky test found it.)"""
+    import socket
+
+    from vllm_omni_voicechat.wire.limits import V3_MAX_MESSAGE_BYTES
+
+    with InProcessServer(ServerConfig.simulator()) as server:
+        uri = parse_uri(server.url + "/v1/voicechat")
+        client = ClientProtocol(uri, max_size=None)
+        client.send_request(client.connect())
+        with socket.create_connection((uri.host, uri.port), timeout=30) as sock:
+            sock.sendall(b"".join(client.data_to_send()))
+            while client.state is not State.OPEN:
+                client.receive_data(sock.recv(65536))
+            size = 2 * V3_MAX_MESSAGE_BYTES
+            head = bytes((0x81, 0xFF)) + size.to_bytes(8, "big") + bytes(4)  # masked with a zero mask
+            sock.sendall(head + b"x" * 65536)
+            close = None
+            while close is None:
+                client.receive_data(sock.recv(65536))
+                close = next((e for e in client.events_received()
+                              if isinstance(e, Frame) and e.opcode == Opcode.CLOSE), None)
+            assert int.from_bytes(close.data[:2], "big") == 1009
+            sock.sendall(b"x" * (size - 65536))  # the rest of the refused frame: discarded, not reset
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.recv(65536) == b""  # a clean end of stream
+
+
 def test_bytes_after_the_opening_request_leave_every_frame_to_websockets():
     """A client that sends frames before it has the 101 (pipelined with the request): no framing of ours."""
     async def scenario() -> None:

@@ -13,7 +13,7 @@ from starlette.websockets import WebSocket
 from ..trace.tap import Trace, traced
 from .acks import AckWatch, unacked_bytes
 from .config import ServerConfig
-from .uvicorn import AbortableWebSockets, protocol_for, transport_for
+from .uvicorn import AbortableWebSockets, protocol_for
 
 ACK_CHECK_S = 5.0
 """How often the peer's acknowledgements are looked at (at most; a quarter of the stall timeout when that is shorter)."""
@@ -162,10 +162,10 @@ class Outbox:
         self.gone = True
         self._clear()
         self._task.cancel()
-        transport = transport_for(self.websocket)
-        if transport is not None:
+        protocol = protocol_for(self.websocket)
+        if protocol is not None and not protocol.refused:  # a refusal's socket closes once the client has read it
             with contextlib.suppress(Exception):
-                transport.abort()  # drop the TCP connection at once (RST)
+                protocol.transport.abort()  # drop the TCP connection at once (RST)
 
     async def _write(self) -> None:
         ws = self.websocket

@@ -36,6 +36,10 @@ READ_AHEAD_MESSAGES = 16
 """Inbound messages uvicorn may queue for the app before it stops reading the socket (backpressure)."""
 READ_AHEAD_BYTES = 1 << 20
 """A message this large stops reading until the app has taken it (whatever the count)."""
+CLOSE_LINGER_S = 5.0
+"""After refusing a client's frame (1009 for one over the size limit, 1002, 1007), how long the server keeps reading
+and discarding what the client is still sending before it closes the socket. Closing at once with the client's bytes
+unread made the kernel reset the connection, and the client could lose the close frame and its code."""
 _MAX_REQUEST_BYTES = 1 << 16
 _HEAD16 = struct.Struct("!BBH")
 _HEAD64 = struct.Struct("!BBQ")
@@ -78,6 +82,9 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
     """Takes each client message instead of the ASGI queue while set (server/reader.py)."""
     written_bytes = 0
     """Bytes :meth:`write_texts` handed to the transport (the outbox's acknowledgement watch)."""
+    refused = False
+    """A client frame was refused and the socket is half-closed, discarding until the client closes: not to be
+    reset (:meth:`handle_parser_exception`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         self.voicechat_key = _key(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
@@ -196,6 +203,31 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
         rest = bytes(view[pos:])
         view.release()
         super().data_received(rest)
+
+    def handle_parser_exception(self) -> None:
+        """websockets failed the connection on a frame it refused (its close frame is queued, then the end of our
+        writing). uvicorn wrote the close and closed the socket at once, so a client still sending (the rest of an
+        oversized frame) got a reset and could lose the close frame; here the socket is half-closed instead and
+        what the client still sends is discarded (websockets' parser does) until it closes (the transport closes on
+        its end of file), at most ``CLOSE_LINGER_S``."""
+        if self.close_sent:
+            return  # already lingering: the discarded bytes of a failed connection
+        assert self.conn.close_sent is not None
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": self.conn.close_sent.code,
+                               "reason": self.conn.close_sent.reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        try:
+            half_close = self.transport.can_write_eof()
+        except NotImplementedError:
+            half_close = False
+        if not half_close:
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.refused = True
+        # uvicorn's timer for a closing handshake: the app's end and connection_lost leave the close to it
+        self.close_timer = self.loop.call_later(CLOSE_LINGER_S, self.transport.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.voicechat_key is not None:
