@@ -93,12 +93,22 @@ class VoiceChatRealtimeTalker(NemotronVoiceChatTalkerForConditionalGeneration):
             graph = _SessionDrawsMoG(graph, self)
         self.__dict__["_vc_mog_graph"] = graph
 
+    def _queue(self, key: str) -> deque:
+        # Made on first use: the parent's constructor reaches the MoG graph setter before ours could make them.
+        queue = self.__dict__.get(key)
+        if queue is None:
+            queue = self.__dict__[key] = deque()
+        return queue
+
     @property
     def _draws(self) -> deque:
-        draws = self.__dict__.get("_vc_draws")
-        if draws is None:
-            draws = self.__dict__["_vc_draws"] = deque()
-        return draws
+        """The sessions of the rows the parent's loop will sample, in its order."""
+        return self._queue("_vc_draws")
+
+    @property
+    def _sampled(self) -> deque:
+        """Those rows' codes when they were sampled together (``rows.sample_rows``)."""
+        return self._queue("_vc_sampled")
 
     def _seed(self, request_id: str, info: dict[str, Any], session: dict[str, Any], device: torch.device) -> None:
         base = info.get("_omni_seed")
@@ -114,13 +124,6 @@ class VoiceChatRealtimeTalker(NemotronVoiceChatTalkerForConditionalGeneration):
         if isinstance(session, dict):
             self._seed(request_id, info, session, device)
         return session
-
-    @property
-    def _sampled(self) -> deque:
-        sampled = self.__dict__.get("_vc_sampled")
-        if sampled is None:
-            sampled = self.__dict__["_vc_sampled"] = deque()
-        return sampled
 
     def _native_make_omni_output(self, hidden: torch.Tensor, **kwargs: Any):
         # The rows the parent will sample, in its order (its own filter: a native session with a pending step).
