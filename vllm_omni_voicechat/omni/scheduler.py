@@ -206,7 +206,8 @@ def received_chunks(scheduler: Any) -> set | None:
 
 
 class _IdleWait:
-    """After a schedule that ran nothing, the next one first waits (bounded) for a chunk to arrive."""
+    """After a schedule that ran nothing, the next one first waits (bounded) for a chunk to arrive; once some of a
+    forward's chunks are in, it waits (bounded) for the rest."""
 
     def _init_idle_wait(self) -> None:
         self._vc_idle = False
@@ -222,7 +223,7 @@ class _IdleWait:
         self._vc_inputs += 1
         return super().finish_requests(*args, **kwargs)  # type: ignore[misc]
 
-    def _wait_while_idle(self) -> None:
+    def _wait_for_chunks(self) -> None:
         inputs, self._vc_inputs_seen = self._vc_inputs_seen, self._vc_inputs
         received = received_chunks(self)
         if received is None:
@@ -249,7 +250,7 @@ class VoiceChatTalkerScheduler(_IdleWait, _BatchLog, OmniARScheduler):
         received_chunks(self)  # before the first chunk arrives
 
     def schedule(self, throttle_prefills: bool = False):
-        self._wait_while_idle()
+        self._wait_for_chunks()
         output = super().schedule(throttle_prefills)
         self._note_idle(output)
         self._count_batch(output, time.monotonic())
@@ -264,7 +265,7 @@ class VoiceChatCodecScheduler(_IdleWait, _BatchLog, OmniGenerationScheduler):
         received_chunks(self)  # before the first chunk arrives
 
     def schedule(self, throttle_prefills: bool = False):
-        self._wait_while_idle()
+        self._wait_for_chunks()
         output = super().schedule(throttle_prefills)
         self._note_idle(output)
         self._count_batch(output, time.monotonic())

@@ -163,9 +163,9 @@ class Outbox:
         self._clear()
         self._task.cancel()
         protocol = protocol_for(self.websocket)
-        if protocol is not None and not protocol.refused:  # a refusal's socket closes once the client has read it
+        if protocol is not None:
             with contextlib.suppress(Exception):
-                protocol.transport.abort()  # drop the TCP connection at once (RST)
+                protocol.drop()
 
     async def _write(self) -> None:
         ws = self.websocket

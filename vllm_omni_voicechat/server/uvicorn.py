@@ -229,6 +229,12 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
         # uvicorn's timer for a closing handshake: the app's end and connection_lost leave the close to it
         self.close_timer = self.loop.call_later(CLOSE_LINGER_S, self.transport.close)
 
+    def drop(self) -> None:
+        """Drop the TCP connection now (a reset: nothing queued can reach a client that left), unless a refused
+        frame's close is lingering: that socket closes once the client has read its close."""
+        if not self.refused:
+            self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self.voicechat_key is not None:
             _PROTOCOLS.pop(self.voicechat_key, None)

@@ -181,22 +181,25 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
         """vLLM-Omni's batch hook, run before the per-request ``preprocess``: where two or more of our streams
         continue in this forward, their new frames are perceived together (``perception.py``) and stored where the
         parent keeps a perceived frame, so each request's ``preprocess`` fuses it as it would its own."""
-        rows = []
+        streams = []
         for request_id in req_ids:
             info = merge_runtime_info(model_intermediate_buffer.get(request_id) or {})
             duplex = self._duplex_info(info)
             session = self._sessions.get(str(request_id))
-            if duplex is None or session is None or not self._is_ours(str(request_id), duplex):
-                continue
-            if str(request_id) in self._failed:
-                continue
+            if duplex is not None and session is not None and str(request_id) not in self._failed \
+                    and self._is_ours(str(request_id), duplex):
+                streams.append((session, duplex))
+        if len(streams) < 2:
+            return  # a lone stream: the parent's own path, and no window cut twice
+        rows = []
+        for session, duplex in streams:
             try:
                 row = perception.prepare(self, session, duplex, device)
             except Exception:  # the parent's own path meets it again and fails only this request
                 row = None
             if row is not None:
-                rows.append(row)
-        if len(rows) < 2:
+                rows.append(row)  # one row alone is encoded as the parent would: its window is not cut twice
+        if not rows:
             return
         try:
             done = perception.perceive_together(self, rows)
