@@ -291,6 +291,73 @@ def test_the_outbox_writes_a_steps_events_at_once_and_waits_out_a_full_transport
     asyncio.run(scenario())
 
 
+def test_a_backed_up_outbox_keeps_its_events_in_backlogs_and_writes_them_in_order_byte_for_byte():
+    """Behind a transport that takes nothing, events past ``BACKLOG_AFTER`` entries are kept as UTF-8 in backlogs of
+    at most ``BACKLOG_BYTES`` (a few objects for thousands of events, not a string each), counted and bounded as
+    events all the same; when the transport drains, every event leaves in order, byte for byte (non-ASCII too),
+    and the trace sees each one as text."""
+    from vllm_omni_voicechat.server.outbox import BACKLOG_AFTER, BACKLOG_BYTES, _Backlog
+
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        gone: list[bool] = []
+        outbox = _outbox(gone)
+        seen: list[str] = []
+        outbox._trace = type("Seen", (), {"server_event": lambda self, text: seen.append(text)})()
+        protocol.pause_writing()
+        texts = ['{"type":"e","n":%d,"t":"%s"}' % (i, "é" * (i % 7)) for i in range(5_000)]
+        for text in texts:
+            assert outbox.put(text)
+        await _loop_turns(3)
+        assert transport.writes == []
+        entries = list(outbox._queue)
+        assert all(type(e[0]) is str for e in entries[:BACKLOG_AFTER])
+        backlogs = [e for e in entries[BACKLOG_AFTER:]]
+        assert backlogs and all(type(e[0]) is _Backlog and len(e[0].data) == e[1] <= BACKLOG_BYTES
+                                for e in backlogs)
+        assert len(entries) < 100
+        sizes = [len(t.encode()) for t in texts]
+        assert (outbox.queued_events, outbox.queued_bytes) == (5_000, sum(sizes))
+        assert (outbox.peak_events, outbox.peak_bytes) == (5_000, sum(sizes))
+        assert outbox.put('{"type":"forced"}', force=True)  # a forced event is never in a backlog
+        assert type(outbox._queue[-1][0]) is str
+        protocol.resume_writing()
+        await _loop_turns(5)
+        written = [t for data in transport.writes for t in _frames(client, data)]
+        assert written == texts + ['{"type":"forced"}'] == seen
+        assert (outbox.sent_events, outbox.queued_events, outbox.queued_bytes) == (5_001, 0, 0) and not gone
+        outbox.abort()
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+
+
+def test_a_backed_up_outbox_overflows_at_its_event_bound_counting_events_in_backlogs():
+    from vllm_omni_voicechat.server.outbox import Outbox
+
+    async def scenario() -> None:
+        protocol, transport, client = await _connected()
+        from starlette.websockets import WebSocket
+
+        scope = {"type": "websocket", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "path": "/",
+                 "headers": [], "query_string": b""}
+        overflows: list[bool] = []
+        config = dataclasses.replace(ServerConfig.simulator(), max_outbound_events=1_000)
+        outbox = Outbox(WebSocket(scope, None, None), config, on_overflow=lambda: overflows.append(True),
+                        on_gone=lambda outbox: None)
+        protocol.pause_writing()
+        assert all(outbox.put('{"n":%d}' % i) for i in range(1_000))
+        assert overflows == [] and outbox.queued_events == 1_000
+        assert not outbox.put('{"n":1000}')
+        assert overflows == [True] and outbox.queued_events == 1_000
+        outbox.discard()  # the head event stays (as ever); a backlog is never half in the transport: all of it goes
+        assert (outbox.queued_events, outbox.queued_bytes) == (1, len('{"n":0}'))
+        outbox.abort()
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
+
+
 def test_an_outbox_whose_client_left_ends_its_writer():
     """A write that fails (the client left) is a disconnect: the session is told (``on_gone``) and the writer task
     ends, instead of waiting forever for events that will never come, a pending task whose frame holds the outbox

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import re
+import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -91,6 +92,49 @@ def test_retained_events_are_no_objects_for_the_cycle_collector():
     assert len(journal) == 2000
     assert len(gc.get_objects()) - before < 50
     assert [e.seq for e in journal.entries()[:3]] == [1, 2, 3]
+
+
+def test_retained_events_are_a_few_buffers_not_objects_per_event():
+    """A client that never acknowledges keeps thousands of small events retained: kept as a string (and a tuple, a
+    float, ints) each, they spread over the allocator's arenas, which one long-lived object allocated among them keeps
+    from the OS after the session has ended. The journal's live allocations stay few whatever it retains."""
+    journal = Journal()
+    event = {"type": "conversation.item.created", "item": {"id": "item_1", "content": [{"text": "é"}]}}
+    tracemalloc.start()
+    try:
+        for n in range(10_000):
+            journal.record(event, n * 0.001)
+        blocks = sum(stat.count for stat in tracemalloc.take_snapshot().statistics("filename")
+                     if stat.traceback[0].filename.endswith("journal.py"))
+    finally:
+        tracemalloc.stop()
+    assert len(journal) == 10_000
+    assert journal.retained_bytes == sum(utf8_len(compact(event, n)) for n in range(1, 10_001))
+    assert blocks < 500, blocks  # as objects: 40,000 (the interpreter's free lists keep a few dozen freed dicts)
+
+
+def test_acks_and_ageing_over_many_events_keep_every_replay_exact():
+    """Thousands of events acknowledged and aged out in steps (the buffers drop their front in bulk): every replay
+    is exactly the events after its cursor, byte for byte, with their times."""
+    journal = Journal(ttl_s=60.0)
+    texts = {journal.record(ev(i), i * 0.01).seq: journal.entries()[-1].text for i in range(1, 3_001)}
+    assert list(texts) == list(range(1, 3_001))
+    for ack in (1, 700, 701, 1_500, 2_047):
+        journal.acknowledge(ack)
+        result = journal.replay_after(ack, 30.0)
+        assert replay_seqs(result) == list(range(ack + 1, 3_001))
+        assert [e.text for e in result.entries] == [texts[s] for s in range(ack + 1, 3_001)]
+        assert [e.at for e in result.entries] == [s * 0.01 for s in range(ack + 1, 3_001)]
+        assert journal.retained_bytes == sum(utf8_len(texts[s]) for s in range(ack + 1, 3_001))
+    journal.prune(75.0)  # what is older than 15 s was acknowledged already
+    assert (journal.dropped_through, len(journal)) == (2_047, 953)
+    journal.prune(85.0)  # older than 25 s: through seq 2499
+    assert (journal.dropped_through, len(journal)) == (2_499, 501)
+    assert replay_seqs(journal.replay_after(2_499, 85.0)) == list(range(2_500, 3_001))
+    journal.prune(100.0)
+    assert (len(journal), journal.retained_bytes, journal.dropped_through) == (0, 0, 3_000)
+    assert journal.record(ev(3_001), 100.0).seq == 3_001
+    assert replay_seqs(journal.replay_after(3_000, 100.0)) == [3_001]
 
 
 def test_an_existing_seq_field_is_overwritten_by_the_stamp():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -19,11 +20,44 @@ ACK_CHECK_S = 5.0
 """How often the peer's acknowledgements are looked at (at most; a quarter of the stall timeout when that is shorter)."""
 BATCH_EVENTS = 64
 BATCH_BYTES = 1 << 20
-"""At most this many events / bytes in one transport write (a position's events are a few small ones)."""
+"""At most this many events / bytes in one transport write (a position's events are a few small ones), or one
+backlog (below) whole."""
+BACKLOG_AFTER = 64
+"""Events queued beyond this many entries (a transport that does not keep up) are kept in backlogs: the UTF-8 of many
+events in one buffer, not a string each. A reader that stops leaves up to ``max_outbound_bytes`` queued; as tens of
+thousands of small strings that spread over the allocator's arenas, and the odd long-lived object allocated among them
+keeps those arenas from the OS after the session has ended."""
+BACKLOG_BYTES = 64 << 10
+"""The most UTF-8 one backlog holds."""
 
 
 def _text_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode())
+
+
+class _Backlog:
+    """Queued events' UTF-8, in order, in one buffer (see ``BACKLOG_AFTER``)."""
+
+    __slots__ = ("data", "ends")
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.ends = array("I")
+
+    def add(self, text: str) -> None:
+        self.data += text.encode()
+        self.ends.append(len(self.data))
+
+    def payloads(self) -> list[bytes]:
+        data, start, out = self.data, 0, []
+        for end in self.ends:
+            out.append(bytes(data[start:end]))
+            start = end
+        return out
+
+
+_Entry = tuple[str | _Backlog, int, int, bool]
+"""(an event's text or a backlog, its UTF-8 bytes, its events, forced)"""
 
 
 class Outbox:
@@ -48,8 +82,9 @@ class Outbox:
         """The transport took nothing for ``stall_timeout_s`` while events waited (the policy ran)."""
         self._on_overflow = on_overflow
         self._on_gone = on_gone
-        self._queue: deque[tuple[str, int, bool]] = deque()  # (text, size, forced)
+        self._queue: deque[_Entry] = deque()
         self.queued_bytes = 0
+        self._events = 0
         self._forced_bytes = 0  # forced events (a replay, a fatal error) do not count against the bounds
         self._forced_events = 0
         self.peak_bytes = 0
@@ -76,7 +111,7 @@ class Outbox:
 
     @property
     def queued_events(self) -> int:
-        return len(self._queue)
+        return self._events
 
     def put(self, text: str, *, force: bool = False) -> bool:
         """Queue one event; False when it was not queued (overflow now or before, closing, or gone). A forced
@@ -89,15 +124,26 @@ class Outbox:
             self._forced_bytes += size
             self._forced_events += 1
         else:
-            events, queued = len(self._queue) - self._forced_events, self.queued_bytes - self._forced_bytes
+            events, queued = self._events - self._forced_events, self.queued_bytes - self._forced_bytes
             if events and (events >= self.max_events or queued + size > self.max_bytes):
                 self.overflowed = True
                 self._on_overflow()
                 return False
-        self._queue.append((text, size, force))
+        queue = self._queue
+        if len(queue) >= BACKLOG_AFTER and not force and self._direct is not None:
+            item, n, events, forced = queue[-1]
+            if type(item) is _Backlog and not forced and n + size <= BACKLOG_BYTES:
+                queue.pop()
+            else:
+                item, n, events = _Backlog(), 0, 0
+            item.add(text)
+            queue.append((item, n + size, events + 1, False))
+        else:
+            queue.append((text, size, 1, force))
+        self._events += 1
         self.queued_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.queued_bytes - self._forced_bytes)
-        self.peak_events = max(self.peak_events, len(self._queue) - self._forced_events)
+        self.peak_events = max(self.peak_events, self._events - self._forced_events)
         if self._direct is None:
             self._wake.set()
         elif self._flush_at is None:
@@ -122,22 +168,23 @@ class Outbox:
 
     def discard(self) -> None:
         """Drop what is queued (the event being written stays: it is half in the transport)."""
-        keep = [self._queue[0]] if self._queue and not self._task.done() else []
+        keep = [self._queue[0]] if self._queue and not self._task.done() and type(self._queue[0][0]) is str else []
         self._clear()
         for entry in keep:
             self._queue.append(entry)
             self._count(entry, 1)
 
-    def _count(self, entry: tuple[str, int, bool], sign: int) -> None:
-        _, size, forced = entry
+    def _count(self, entry: _Entry, sign: int) -> None:
+        _, size, events, forced = entry
         self.queued_bytes += sign * size
+        self._events += sign * events
         if forced:
             self._forced_bytes += sign * size
-            self._forced_events += sign
+            self._forced_events += sign * events
 
     def _clear(self) -> None:
         self._queue.clear()
-        self.queued_bytes = self._forced_bytes = self._forced_events = 0
+        self.queued_bytes = self._events = self._forced_bytes = self._forced_events = 0
 
     def close(self, code: int, reason: str = "") -> None:
         """Close the socket after what is queued has been written."""
@@ -187,6 +234,7 @@ class Outbox:
                         return
                     continue
                 entry = self._queue[0]
+                assert type(entry[0]) is str  # backlogs are our protocol's only
                 await self._until_written(ws.send_text(entry[0]))
                 self._progress += 1
                 self.sent_events += 1
@@ -250,18 +298,22 @@ class Outbox:
     def _write_batch(self, direct: AbortableWebSockets, trace: Trace | None) -> None:
         """Write the events at the head of the queue in one transport write, then drop them from the queue (no
         await in between: nothing else can touch the queue)."""
-        texts: list[str] = []
-        size = 0
-        for text, n, _ in self._queue:
+        texts: list[str | bytes] = []
+        size = entries = 0
+        for item, n, _, _ in self._queue:
             if texts and (len(texts) >= BATCH_EVENTS or size + n > BATCH_BYTES):
                 break
-            texts.append(text)
+            if type(item) is str:
+                texts.append(item)
+            else:
+                texts += item.payloads()
             size += n
+            entries += 1
         if trace is not None:
             for text in texts:
-                trace.server_event(text)
+                trace.server_event(text if type(text) is str else text.decode())
         direct.write_texts(texts)
-        for _ in texts:
+        for _ in range(entries):
             self._count(self._queue.popleft(), -1)
         self._progress += 1
         self.sent_events += len(texts)

@@ -240,8 +240,9 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
             _PROTOCOLS.pop(self.voicechat_key, None)
         super().connection_lost(exc)
 
-    def write_texts(self, texts: Sequence[str]) -> None:
-        """Frame each text as a WebSocket message and hand them all to the transport in one write. Raises
+    def write_texts(self, texts: Sequence[str | bytes]) -> None:
+        """Frame each text (a ``str``, or its UTF-8 as ``bytes``) as a WebSocket message and hand them all to the
+        transport in one write. Raises
         ``ConnectionError`` once the connection is closing or gone (websockets' ``InvalidState`` included)."""
         if self.disconnected or self.close_sent or not self.handshake_complete:
             raise ConnectionError("the WebSocket is not open")
@@ -251,7 +252,7 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
             # here, after whatever websockets itself has queued (a pong), ~2 us an event less than send_text.
             parts = conn.data_to_send()
             for text in texts:
-                data = text.encode()
+                data = text if type(text) is bytes else text.encode()
                 n = len(data)
                 parts.append(bytes((0x81, n)) if n < 126 else _HEAD16.pack(0x81, 126, n) if n < 65536
                              else _HEAD64.pack(0x81, 127, n))
@@ -262,7 +263,7 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
             return
         try:
             for text in texts:
-                conn.send_text(text.encode())
+                conn.send_text(text if type(text) is bytes else text.encode())
         except Exception as exc:  # InvalidState: the peer's close arrived
             raise ConnectionError(str(exc)) from exc
         data = b"".join(conn.data_to_send())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections import deque
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -74,21 +74,31 @@ class Journal:
         self.dropped_through = 0
         """Every seq at or below this is gone (acknowledged or aged out)."""
         self.overflowed = False
-        # Plain (seq, at, size, text) tuples, not Entry records: a tuple of atoms drops out of the cycle collector's
-        # sight, so the thousands retained per session do not lengthen every full collection (~0.5 µs an object).
-        self._entries: deque[tuple[int, float, int, str]] = deque()
-        self._bytes = 0
+        # What is retained lives in three flat buffers, not an object or four per event: a session that never
+        # acknowledges retains tens of thousands of small events, and as separate objects they fill allocator arenas
+        # that one long-lived object allocated beside them keeps from the OS after the session has ended. Flat
+        # buffers are also invisible to the cycle collector. Retained seqs are consecutive (appends stop for good at
+        # an overflow), so entry i (from ``_first``) is seq ``_last_seq - len(self) + 1 + i``.
+        self._text = bytearray()
+        """The retained events' UTF-8, oldest first."""
+        self._ends: array[int] = array("q")
+        """Each entry's end offset in ``_text`` plus ``_cut`` (the bytes dropped from its front so far)."""
+        self._ats: array[float] = array("d")
+        self._first = 0
+        """Index of the oldest retained entry in ``_ends``/``_ats`` (dropped entries are compacted away in bulk)."""
+        self._cut = 0
+        self._last_seq = 0
 
     @property
     def retained_bytes(self) -> int:
-        return self._bytes
+        return len(self._text)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._ends) - self._first
 
     def entries(self) -> tuple[Entry, ...]:
         """What is retained, oldest first."""
-        return tuple(Entry(*e) for e in self._entries)
+        return self._entries_from(self._first)
 
     def record(self, event: dict[str, Any], now: float, *,
                encode: Callable[[dict[str, Any]], str] = compact_json) -> Recorded:
@@ -98,27 +108,57 @@ class Journal:
         text = encode({**event, "server_event_seq": self.head})
         if self.overflowed:
             return Recorded(text, self.head)
-        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))  # isascii: O(1)
-        if self._bytes + size > self.max_bytes:
+        data = text.encode("utf-8", "surrogatepass")
+        if len(self._text) + len(data) > self.max_bytes:
             # Sticky: a resume can no longer be complete, so the client is told once, live, and events flow on.
             self.overflowed = True
             return Recorded(text, self.head, overflow_notice=True)
-        self._entries.append((self.head, now, size, text))
-        self._bytes += size
+        self._text += data
+        self._ends.append(self._cut + len(self._text))
+        self._ats.append(now)
+        self._last_seq = self.head
         return Recorded(text, self.head)
 
     def acknowledge(self, seq: Any) -> None:
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or seq > self.head:
             raise InvalidAck(f"event ack {seq!r} is outside 0..{self.head}")
-        while self._entries and self._entries[0][0] <= seq:
-            self._bytes -= self._entries.popleft()[2]
+        self._drop(min(len(self), max(0, seq - (self._last_seq - len(self)))))
         self.dropped_through = max(self.dropped_through, seq)
 
     def prune(self, now: float) -> None:
-        while self._entries and now - self._entries[0][1] > self.ttl_s:
-            seq, _, size, _ = self._entries.popleft()
-            self._bytes -= size
-            self.dropped_through = max(self.dropped_through, seq)
+        ats, first, end = self._ats, self._first, len(self._ats)
+        k = first
+        while k < end and now - ats[k] > self.ttl_s:
+            k += 1
+        if k > first:
+            self.dropped_through = max(self.dropped_through, self._last_seq - (end - k))
+            self._drop(k - first)
+
+    def _drop(self, n: int) -> None:
+        """Forget the ``n`` oldest retained entries."""
+        if n <= 0:
+            return
+        self._first += n
+        end = self._ends[self._first - 1]
+        del self._text[:end - self._cut]  # CPython moves a bytearray's start here, no copy
+        self._cut = end
+        if self._first == len(self._ends):
+            del self._ends[:], self._ats[:]
+            self._first = 0
+        elif self._first >= 1024 and 2 * self._first >= len(self._ends):
+            del self._ends[:self._first], self._ats[:self._first]
+            self._first = 0
+
+    def _entries_from(self, index: int) -> tuple[Entry, ...]:
+        ends, ats, cut = self._ends, self._ats, self._cut
+        seq = self._last_seq - (len(ends) - index) + 1
+        out = []
+        for k in range(index, len(ends)):
+            start = ends[k - 1] - cut if k > self._first else 0
+            text = self._text[start:ends[k] - cut].decode("utf-8", "surrogatepass")
+            out.append(Entry(seq, ats[k], ends[k] - cut - start, text))
+            seq += 1
+        return tuple(out)
 
     def replay_after(self, seq: int, now: float) -> Replay | ResyncRequired | ReplayConflict:
         self.prune(now)
@@ -128,7 +168,7 @@ class Journal:
             return ResyncRequired("journal_overflow")
         if seq < self.dropped_through:
             return ResyncRequired("journal_gap")
-        return Replay(tuple(Entry(*e) for e in self._entries if e[0] > seq))
+        return Replay(self._entries_from(max(self._first, len(self._ends) - max(0, self._last_seq - seq))))
 
 
 class ResumeCredential:
