@@ -29,6 +29,8 @@ import numpy as np
 from websockets.frames import apply_mask
 from websockets.protocol import Protocol, State
 
+from .reading import INBOUND_BURST_BYTES, INBOUND_BYTES_PER_S, ByteBudget, GatedReading
+
 _Key = tuple[str, int, str, int]
 REQUEST_HEAD_TIMEOUT_S = 10.0
 """How long a new connection may take to send its request head (HAProxy's usual ``timeout http-request``)."""
@@ -82,6 +84,8 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
     """Takes each client message instead of the ASGI queue while set (server/reader.py)."""
     written_bytes = 0
     """Bytes :meth:`write_texts` handed to the transport (the outbox's acknowledgement watch)."""
+    read_bytes_per_s: float = INBOUND_BYTES_PER_S
+    read_burst_bytes: float = INBOUND_BURST_BYTES
     refused = False
     """A client frame was refused and the socket is half-closed, discarding until the client closes: not to be
     reset (:meth:`handle_parser_exception`)."""
@@ -94,6 +98,8 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
         self._frames: bytearray | None = None  # our framing: the partial frame after the last whole one
         self._needed = 2  # the bytes the partial frame needs before parsing it again gets further
         super().connection_made(transport)
+        self.transport = GatedReading(self.transport, self.loop)  # type: ignore[assignment]
+        self._budget = ByteBudget(self.read_bytes_per_s, self.read_burst_bytes, self.loop.time())
 
     def data_received(self, data: bytes) -> None:
         """Whole frames are found here (RFC 6455 §5.2). An unfragmented, masked text or binary frame without RSV bits
@@ -101,7 +107,11 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
         dispatch); a control frame goes, whole, to websockets, whose parser therefore waits at a frame boundary
         between frames. Framing starts right after the opening request when nothing followed it (a client may send
         frames only once it has the 101); anything else (a fragment, an extension, an unmasked or oversized frame, an
-        unknown opcode) hands websockets everything from that frame on, to judge as it always has."""
+        unknown opcode) hands websockets everything from that frame on, to judge as it always has. Every byte is
+        charged to the socket's read budget first (server/reading.py)."""
+        wait = self._budget.spend(len(data), self.loop.time())
+        if wait > 0.0:
+            self.transport.hold(wait)  # type: ignore[attr-defined]
         frames = self._frames
         if frames is None:
             request = self._request_bytes
@@ -238,6 +248,8 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.voicechat_key is not None:
             _PROTOCOLS.pop(self.voicechat_key, None)
+        if isinstance(self.transport, GatedReading):
+            self.transport.cancel_hold()
         super().connection_lost(exc)
 
     def write_texts(self, texts: Sequence[str | bytes]) -> None:
