@@ -254,8 +254,8 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
 
     def write_texts(self, texts: Sequence[str | bytes]) -> None:
         """Frame each text (a ``str``, or its UTF-8 as ``bytes``) as a WebSocket message and hand them all to the
-        transport in one write. Raises
-        ``ConnectionError`` once the connection is closing or gone (websockets' ``InvalidState`` included)."""
+        transport in one write. Raises ``ConnectionError`` once the connection is closing or gone (websockets'
+        ``InvalidState`` included)."""
         if self.disconnected or self.close_sent or not self.handshake_complete:
             raise ConnectionError("the WebSocket is not open")
         conn = self.conn
