@@ -15,6 +15,7 @@ server's ``voicechat.metrics`` for that frame arrives (every frame gets one, gat
 - ``slow_reader``: a v3 client streams its microphone in real time and never reads (when the server lets it go);
 - ``typed_flood``: a v3 session sends 30,000 ``input_text.request``s as fast as it can, reading the answers;
 - ``item_flood``: a tiered session adds 200 items of 1 MB (over the content limit), then small items without end;
+- ``small_items``: a tiered session adds small items without end, acknowledging nothing (what it leaves retained);
 - ``resume_storm``: 20 clients resume a live tiered session with wrong tokens, back to back;
 - ``trickle``: a 15 MB tiered frame sent in 1 KiB writes, again and again.
 
@@ -55,7 +56,7 @@ GRACE_S = 3.0
 after the attack."""
 BOMB = json.dumps({"type": "bogus.event", "event_id": "bomb", "a": [[] for _ in range(2_400_000)]})  # ~15 MB
 ATTACKS = ("json_bomb_v3", "json_bomb_tiered", "connection_flood", "idle_tcp", "echo", "queued_memory", "slow_reader",
-           "typed_flood", "item_flood", "resume_storm", "trickle")
+           "typed_flood", "item_flood", "small_items", "resume_storm", "trickle")
 
 
 def free_port() -> int:
@@ -290,13 +291,13 @@ async def typed_flood(url: str, stop: asyncio.Event, stats: dict, total: int = 3
         drain.cancel()
 
 
-async def item_flood(url: str, stop: asyncio.Event, stats: dict) -> None:
+async def item_flood(url: str, stop: asyncio.Event, stats: dict, *, large: int = 200) -> None:
     async with connect(url + "/v1/duplex", max_size=None, ping_interval=None, open_timeout=10) as ws:
         await ws.send(json.dumps({"type": "session.update", "session": {}}))
         drain = asyncio.create_task(_drain(ws))
         big = "x" * 1_000_000
         sent = 0
-        for k in range(200):
+        for k in range(large):
             if stop.is_set():
                 break
             await ws.send(json.dumps({"type": "conversation.item.create", "item": {
@@ -402,6 +403,7 @@ async def run_attack(url: str, pid: int, name: str, duration: float, holders: in
         "slow_reader": lambda: slow_reader(url, stop_attack, stats),
         "typed_flood": lambda: typed_flood(url, stop_attack, stats),
         "item_flood": lambda: item_flood(url, stop_attack, stats),
+        "small_items": lambda: item_flood(url, stop_attack, stats, large=0),
         "resume_storm": lambda: resume_storm(url, stop_attack, stats),
         "trickle": lambda: trickle(url, stop_attack, stats),
     }[name]()
