@@ -1,11 +1,13 @@
 """Input limits at the transport and before parsing, both dialects, on a real server: a message over its dialect's
 size is refused while its header arrives (close 1009, nothing buffered), where our protocol serves and where it does
-not; a message with too many JSON objects and arrays is refused undecoded with a typed recoverable error."""
+not; a message with too many JSON objects and arrays is refused undecoded with a typed recoverable error; typed
+requests beyond those in flight are refused at once."""
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 from vllm_omni_voicechat.server import ServerConfig
@@ -305,3 +307,86 @@ def test_a_tiered_socket_waiting_for_its_first_message_takes_1_mib_then_the_dial
         c.send(padded({"type": "bogus.event", "event_id": "big"}, 2 * FIRST_MESSAGE_MAX_BYTES))  # a session now
         assert c.recv_type("error")["error"]["code"] == "unknown_event"
         c.close()
+
+
+# ---------------------------------------------------------------------------------------------------- typed requests
+
+
+class HoldsTypedSpeech:
+    """The simulator, holding its first position that carries sound until released: the client sends none, so that is
+    the first position of a typed job's speech, and the job has touched the model (later requests wait behind it)."""
+
+    def __init__(self) -> None:
+        from vllm_omni_voicechat.sim.model import SimulatorModel
+
+        self.inner = SimulatorModel()
+        self.held = threading.Event()
+        self.go = threading.Event()
+
+    def prefill(self, prompt) -> None:
+        self.inner.prefill(prompt)
+
+    def step(self, position):
+        if not self.go.is_set() and any(position.pcm):
+            self.held.set()
+            self.go.wait(30)
+        return self.inner.step(position)
+
+    def abort(self) -> None:
+        self.go.set()
+        self.inner.abort()
+
+
+def test_typed_requests_in_flight_are_bounded_on_both_dialects():
+    """One typed job active (it has touched the model) and eight waiting behind it: the next request is refused at
+    once, v3 ``input_text.rejected{reason:"typed_input_unavailable"}``, tiered error ``typed_input_unavailable``; the
+    waiting ones are not, and the session goes on."""
+    from vllm_omni_voicechat.session.typed import MAX_QUEUED_TYPED_REQUESTS
+
+    models: list[HoldsTypedSpeech] = []
+
+    def factory() -> HoldsTypedSpeech:
+        models.append(HoldsTypedSpeech())
+        return models[-1]
+
+    config = ServerConfig.simulator(max_sessions=2)
+    config.model_factory = factory
+    with running_app(config) as (url, app):
+        def all_in_the_inbox() -> None:
+            """The requests wait, undecided, in the session's inbox while the job's position is held; released, the
+            session takes them in order before the job's next position."""
+            wait_until(lambda: app.live.hosted()[0].shell.inbox_messages == MAX_QUEUED_TYPED_REQUESTS + 1)
+            models[-1].go.set()
+
+        try:
+            v3 = RawClient(url + "/v1/realtime")
+            assert v3.recv()["type"] == "session.created"
+            v3.send(V3_UPDATE)
+            v3.recv_type("session.updated")
+            v3.send({"type": "input_text.request", "event_id": "t-a", "job_id": "a", "text": "Tell me a long story."})
+            assert models[-1].held.wait(10)
+            for k in range(MAX_QUEUED_TYPED_REQUESTS + 1):
+                v3.send({"type": "input_text.request", "event_id": f"t-w{k}", "job_id": f"w{k}", "text": "Hi."})
+            all_in_the_inbox()
+            events = v3.recv_until(lambda e: e["type"] == "input_text.rejected")
+            rejected = events[-1]
+            assert (rejected["job_id"], rejected["reason"]) == (f"w{MAX_QUEUED_TYPED_REQUESTS}", "typed_input_unavailable")
+            assert [e for e in events if e["type"] == "input_text.rejected"] == [rejected]
+            v3.send({"type": "session.stop", "event_id": "stop"})
+            assert v3.close_code() == 1000
+
+            tiered = RawClient(url + "/v1/duplex")
+            tiered.send({"type": "session.update", "session": {}})
+            tiered.recv_type("session.updated")
+            tiered.send({"type": "input.text.append", "text": "Tell me a long story."})
+            assert models[-1].held.wait(10)
+            for k in range(MAX_QUEUED_TYPED_REQUESTS + 1):
+                tiered.send({"type": "input.text.append", "event_id": f"w{k}", "text": "Hi."})
+            all_in_the_inbox()
+            events = tiered.recv_until(lambda e: e["type"] == "error")
+            assert events[-1]["error"]["code"] == "typed_input_unavailable", events[-1]
+            tiered.send({"type": "session.close"})
+            assert tiered.close_code() == 1000
+        finally:
+            for model in models:
+                model.go.set()
