@@ -75,6 +75,16 @@ class Reading(asyncio.Transport):
         self.calls.append("write")
 
 
+async def after_the_hold(gate: GatedReading) -> None:
+    """Once the hold's own timer has run: a timer of the same loop due just after it (no wall-clock guess)."""
+    held = gate._held
+    assert held is not None
+    done = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_at(held.when() + 1e-3, done.set_result, None)
+    await done
+    assert gate._held is None
+
+
 def test_a_hold_and_the_readers_pauses_resume_reading_only_when_neither_holds_it():
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
@@ -86,11 +96,11 @@ def test_a_hold_and_the_readers_pauses_resume_reading_only_when_neither_holds_it
         gate.resume_reading()  # the reader is done with it, the hold is not
         assert real.calls == ["pause"]
         gate.hold(0.01)  # a shorter hold does not cut the running one short
-        await asyncio.sleep(0.03)  # ok: the hold's timer is due before this one
+        await after_the_hold(gate)
         assert real.calls == ["pause", "resume"] and gate.holds == 1
         gate.hold(0.01)
         gate.pause_reading()  # a reader pauses during the hold: reading stays paused after it
-        await asyncio.sleep(0.02)  # ok: after the hold's timer
+        await after_the_hold(gate)
         assert real.calls == ["pause", "resume", "pause"]
         gate.resume_reading()
         assert real.calls == ["pause", "resume", "pause", "resume"]

@@ -248,8 +248,7 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.voicechat_key is not None:
             _PROTOCOLS.pop(self.voicechat_key, None)
-        if isinstance(self.transport, GatedReading):
-            self.transport.cancel_hold()
+        self.transport.cancel_hold()  # type: ignore[attr-defined]
         super().connection_lost(exc)
 
     def write_texts(self, texts: Sequence[str | bytes]) -> None:
