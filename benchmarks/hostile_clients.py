@@ -9,6 +9,8 @@ server's ``voicechat.metrics`` for that frame arrives (every frame gets one, gat
 - ``json_bomb_v3``: a v3 session sends 15 MB frames of nested empty lists back to back (reconnecting when closed);
 - ``json_bomb_tiered``: the same on a tiered session (after its ``session.update``: an admitted session's frames);
 - ``connection_flood``: 1,000 v3 connections beyond the slots, 100 at a time;
+- ``connection_rounds``: such floods one after another until the attack's time is up (each ~10 s: the connections
+  admitted into freed slots hold them until their client's 10 s timeout); ``--duration 500`` makes ~50,000;
 - ``idle_tcp``: 300 TCP connections that never send a byte (how many the server still holds at the end);
 - ``echo``: a v3 session sends events whose type is 900 KB (the bytes it gets back);
 - ``queued_memory``: a tiered client waiting in the admission queue sends 15 MB frames;
@@ -55,8 +57,8 @@ GRACE_S = 3.0
 """The tiered disconnect grace here (30 s by default): an attacker's detached session has expired when RSS is read
 after the attack."""
 BOMB = json.dumps({"type": "bogus.event", "event_id": "bomb", "a": [[] for _ in range(2_400_000)]})  # ~15 MB
-ATTACKS = ("json_bomb_v3", "json_bomb_tiered", "connection_flood", "idle_tcp", "echo", "queued_memory", "slow_reader",
-           "typed_flood", "item_flood", "small_items", "resume_storm", "trickle")
+ATTACKS = ("json_bomb_v3", "json_bomb_tiered", "connection_flood", "connection_rounds", "idle_tcp", "echo",
+           "queued_memory", "slow_reader", "typed_flood", "item_flood", "small_items", "resume_storm", "trickle")
 
 
 def free_port() -> int:
@@ -194,6 +196,12 @@ async def connection_flood(url: str, stop: asyncio.Event, stats: dict, total: in
                 stats["failed"] = stats.get("failed", 0) + 1
 
     await asyncio.gather(*(one() for _ in range(total)))
+
+
+async def connection_rounds(url: str, stop: asyncio.Event, stats: dict) -> None:
+    while not stop.is_set():
+        await connection_flood(url, stop, stats)
+        stats["rounds"] = stats.get("rounds", 0) + 1
 
 
 async def idle_tcp(url: str, stop: asyncio.Event, stats: dict, count: int = 300) -> None:
@@ -397,6 +405,7 @@ async def run_attack(url: str, pid: int, name: str, duration: float, holders: in
         "json_bomb_v3": lambda: json_bomb(url, "/v1/voicechat", stop_attack, stats),
         "json_bomb_tiered": lambda: json_bomb(url, "/v1/duplex", stop_attack, stats),
         "connection_flood": lambda: connection_flood(url, stop_attack, stats),
+        "connection_rounds": lambda: connection_rounds(url, stop_attack, stats),
         "idle_tcp": lambda: idle_tcp(url, stop_attack, stats),
         "echo": lambda: echo(url, stop_attack, stats),
         "queued_memory": lambda: queued_memory(url, stop_attack, stats, holders),

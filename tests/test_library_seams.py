@@ -5,8 +5,10 @@ pyproject bounds are the versions these were read from and tested against."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import tomllib
+import weakref
 from importlib import metadata
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
-from vllm_omni_voicechat.server.uvicorn import AbortableWebSockets
+from vllm_omni_voicechat.server.uvicorn import AbortableWebSockets, release_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,6 +76,41 @@ def test_websockets_sans_io_keeps_the_parts_we_use():
     assert conn.state is State.CONNECTING
     assert apply_mask(b"\x01\x02\x03\x04\x05", b"\x01\x01\x01\x01") == b"\x00\x03\x02\x05\x04"
     assert websockets.version.version and uvicorn.__version__
+
+
+@pytest.mark.parametrize("ending", ["open", "bad request", "bad frame"])
+def test_websockets_parser_and_its_errors_are_what_keeps_a_protocol_alive(ending):
+    """``connection_lost`` lets go of ``conn.parser`` (a generator whose frame holds the protocol) and of the
+    tracebacks of ``conn.parser_exc`` / ``conn.handshake_exc`` (through that frame): without it every connection's
+    websockets protocol is a cycle left to the collector."""
+
+    def connection() -> ServerProtocol:
+        conn = ServerProtocol(max_size=1 << 20)
+        if ending == "bad request":
+            conn.receive_eof()
+            assert conn.handshake_exc is not None and conn.handshake_exc.__cause__ is not None
+        elif ending == "bad frame":
+            conn.state = State.OPEN
+            conn.parser = conn.parse()
+            next(conn.parser)
+            conn.receive_data(bytes((0x81, 0x02)) + b"hi")  # unmasked: a protocol error on a server
+            assert conn.parser_exc is not None
+        assert inspect.isgenerator(conn.parser)
+        return conn
+
+    gc.collect()
+    gc.disable()
+    try:
+        left = weakref.ref(connection())
+        assert left() is not None  # the cycle
+        released = connection()
+        release_parser(released)
+        gone = weakref.ref(released)
+        del released
+        assert gone() is None
+    finally:
+        gc.enable()
+        gc.collect()
 
 
 def test_websockets_reads_the_message_limit_per_frame():

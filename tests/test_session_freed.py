@@ -1,6 +1,7 @@
 """An ended session is freed by reference counting: with the cycle collector off, nothing of a session (its core,
-wire session, shell, attachment, outbox, model) outlives its handler. Real server, real WebSockets; each scenario
-waits for the session's objects to die (an awaited condition: a cycle would keep them alive for good)."""
+wire session, shell, attachment, outbox, model, its socket's protocol and websockets' protocol inside it) outlives
+its handler, and nothing of a refused connection outlives it either. Real server, real WebSockets; each scenario
+waits for the objects to die (an awaited condition: a cycle would keep them alive for good)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import pytest
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
 from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.server import ServerConfig
+from vllm_omni_voicechat.server import uvicorn as server_uvicorn
+from vllm_omni_voicechat.wire.limits import V3_MAX_MESSAGE_BYTES
 
-from .server_fixture import RawClient, running_app
+from .server_fixture import RawClient, SocketClient, running_app
 
 SILENCE = bytes(12 * INPUT_FRAME_BYTES)
 LONG = "please tell me a very long story about the sea and the sky"
@@ -48,7 +51,16 @@ def session_parts(app, timeout: float = 10.0) -> dict[str, weakref.ref]:
     shell = att.shell
     parts = {"attachment": att, "shell": shell, "wire session": shell.core, "core": shell.core.core,
              "model": shell.model, "outbox": att.outbox}
-    return {name: weakref.ref(obj) for name, obj in parts.items() if obj is not None}
+    return {name: weakref.ref(obj) for name, obj in parts.items() if obj is not None} | socket_parts()
+
+
+def socket_parts() -> dict[str, weakref.ref]:
+    """Weak references to every open socket's protocol and the websockets protocol it drives."""
+    refs = {}
+    for k, protocol in enumerate(list(server_uvicorn._PROTOCOLS.values())):
+        refs[f"socket {k}"] = weakref.ref(protocol)
+        refs[f"websockets protocol {k}"] = weakref.ref(protocol.conn)
+    return refs
 
 
 def wait_freed(refs: dict[str, weakref.ref], timeout: float = 10.0) -> None:
@@ -87,6 +99,41 @@ def test_v3_session_stopped_after_a_turn_is_freed():
         c.recv_type("response.done")
         c.send({"type": "session.stop", "event_id": "x"})
         assert c.close_code() == 1000
+        wait_freed(refs)
+
+
+def test_a_refused_connection_is_freed(monkeypatch):
+    """A connection refused for want of a slot (``server_busy``, close 1013): its socket's objects die with it."""
+    made: dict[str, weakref.ref] = {}
+    connection_made = server_uvicorn.AbortableWebSockets.connection_made
+
+    def recording(protocol, transport):
+        connection_made(protocol, transport)
+        made[f"socket {len(made) // 2}"] = weakref.ref(protocol)
+        made[f"websockets protocol {len(made) // 2}"] = weakref.ref(protocol.conn)
+
+    monkeypatch.setattr(server_uvicorn.AbortableWebSockets, "connection_made", recording)
+    with running_app(ServerConfig(max_sessions=1, admission_queue=0)) as (url, app), collector_off():
+        holder = open_v3(url)
+        refs = session_parts(app)
+        refused = RawClient(url + "/v1/voicechat")
+        assert refused.recv()["error"]["code"] == "server_busy"
+        assert refused.close_code() == 1013
+        assert len(made) == 4
+        wait_freed({"socket 1": made["socket 1"], "websockets protocol 1": made["websockets protocol 1"]})
+        holder.close()
+        wait_freed(refs)
+
+
+def test_v3_session_whose_frame_websockets_refused_is_freed():
+    """A frame over the size limit fails websockets' parser (close 1009): the error it keeps is let go too."""
+    with running_app(ServerConfig()) as (url, app), collector_off():
+        raw = SocketClient(url + "/v1/voicechat")
+        raw.recv_frame()
+        refs = session_parts(app)
+        raw.send_header(V3_MAX_MESSAGE_BYTES + 1)
+        assert raw.close_code() == 1009
+        raw.close()
         wait_freed(refs)
 
 

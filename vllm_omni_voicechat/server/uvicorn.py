@@ -28,6 +28,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 import numpy as np
 from websockets.frames import apply_mask
 from websockets.protocol import Protocol, State
+from websockets.server import ServerProtocol
 
 from .reading import INBOUND_BURST_BYTES, INBOUND_BYTES_PER_S, ByteBudget, GatedReading
 
@@ -250,6 +251,7 @@ class AbortableWebSockets(WebSocketsSansIOProtocol):
             _PROTOCOLS.pop(self.voicechat_key, None)
         self.transport.cancel_hold()  # type: ignore[attr-defined]
         super().connection_lost(exc)
+        release_parser(self.conn)
 
     def write_texts(self, texts: Sequence[str | bytes]) -> None:
         """Frame each text (a ``str``, or its UTF-8 as ``bytes``) as a WebSocket message and hand them all to the
@@ -342,6 +344,17 @@ class HeadTimedH11(H11Protocol):
             self._head_timer.cancel()
             self._head_timer = None
         super().connection_lost(exc)
+
+
+def release_parser(conn: ServerProtocol) -> None:
+    """websockets' parser is a generator whose frame holds its protocol, and the errors it failed on (a frame's, the
+    opening request's) keep tracebacks through that frame: cycles only a full collection frees, and ours are rare
+    (server/heap.py). Once the connection is lost nothing is parsed, so all are let go."""
+    conn.parser.close()
+    for failure in (conn.parser_exc, conn.handshake_exc):
+        for exc in (failure, failure and failure.__cause__, failure and failure.__context__):
+            if exc is not None:
+                exc.__traceback__ = None
 
 
 def protocol_for(websocket: Any) -> AbortableWebSockets | None:

@@ -9,6 +9,7 @@ writer that bypasses ASGI (the outbox's batched writes on our uvicorn protocol) 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -37,7 +38,16 @@ def tap_socket(websocket: Any, factory: Callable[[str], Trace] | None, dialect: 
         return scope[_TAPPED]
     trace = factory(dialect)
     scope[_TAPPED] = trace
-    send, receive = websocket.send, websocket.receive
+    # The class's methods on a weak reference: bound methods kept on the socket would make it a cycle, which
+    # outlives its connection with the collector off (tests/test_session_freed.py).
+    owner = weakref.ref(websocket)
+    cls = type(websocket)
+
+    async def send(message: Any) -> None:
+        await cls.send(owner(), message)
+
+    async def receive() -> Any:
+        return await cls.receive(owner())
 
     async def tapped_send(message: Any) -> None:
         # Recorded in program order, before the transport may fail: what the server meant to send, in order.
