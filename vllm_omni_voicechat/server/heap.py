@@ -3,8 +3,9 @@ freezes its own): start-up's objects frozen out of the cycle collector's sight, 
 backstop.
 
 An ended session is freed by reference counting at its handler's return (the core's parts never keep their core, an
-ended shell drops its sink, the outbox's callbacks and writer leave no cycle: ``tests/test_session_freed.py`` runs
-sessions with the collector off), so nothing has to be collected when sessions end. A full collection stops the
+ended shell drops its sink, the outbox's callbacks and writer leave no cycle, a lost socket lets go of websockets'
+parser: ``tests/test_session_freed.py`` runs sessions and a refused connection with the collector off), so nothing
+has to be collected when sessions or connections end. A full collection stops the
 event loop for as long as it walks every live session's objects (~0.1-0.2 ms a session: 26-63 ms at ~300 v3
 sessions, 78 ms when it ran after 224 tiered sessions ended together), long enough to make positions late. The
 collector's own trigger for full collections (a quarter more long-lived objects than at the last one) is therefore
