@@ -109,8 +109,8 @@ def test_a_refused_connection_is_freed(monkeypatch):
 
     def recording(protocol, transport):
         connection_made(protocol, transport)
-        made[f"socket {len(made) // 2}"] = weakref.ref(protocol)
-        made[f"websockets protocol {len(made) // 2}"] = weakref.ref(protocol.conn)
+        k = len(made) // 2
+        made[f"socket {k}"], made[f"websockets protocol {k}"] = weakref.ref(protocol), weakref.ref(protocol.conn)
 
     monkeypatch.setattr(server_uvicorn.AbortableWebSockets, "connection_made", recording)
     with running_app(ServerConfig(max_sessions=1, admission_queue=0)) as (url, app), collector_off():
