@@ -6,9 +6,10 @@ import base64
 import contextlib
 import json
 import os
+import random
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from urllib.parse import urlsplit
 
@@ -24,6 +25,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_block(offsets: Iterable[int], attempts: int = 200) -> int:
+    """A base port ``p`` such that ``p + o`` is free for every offset, below the kernel's ephemeral range: a port
+    picked inside it (``free_port() + 1``) can become a client connection's local port before the server binds it,
+    and the server then fails with 'address already in use'."""
+    offsets = list(offsets)
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    high = min(ephemeral_low, 65536) - max(offsets) - 1
+    low = min(10000, high - 1000)
+    chooser = random.Random()
+    for _ in range(attempts):
+        base = chooser.randrange(low, high)
+        if all(_bindable(base + o) for o in offsets):
+            return base
+    raise RuntimeError(f"no free block of ports for offsets {offsets} below {ephemeral_low}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @contextlib.contextmanager

@@ -19,10 +19,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from vllm_omni_voicechat.fleet.launch import Fleet
+from vllm_omni_voicechat.fleet.launch import Fleet, port_offsets
 from vllm_omni_voicechat.trace.checker import TraceChecker
 
-from .server_fixture import free_port
+from .server_fixture import free_port_block
 
 if shutil.which("haproxy") is None:
     if os.environ.get("VOICECHAT_REQUIRE_HAPROXY") == "1":
@@ -36,7 +36,7 @@ STOCK = "/v1/realtime?duplex=1&model=sim&autostart=0"  # a stock DuplexClient's 
 
 
 def fleet(n: int = 2, max_sessions: int = 2) -> Fleet:
-    return Fleet(n, free_port(), serve_args=["--max-sessions", str(max_sessions), "--disconnect-grace-s", "20"],
+    return Fleet(n, free_port_block(port_offsets(n)), serve_args=["--max-sessions", str(max_sessions), "--disconnect-grace-s", "20"],
                  agent_interval_ms=200, check_interval_ms=500)
 
 

@@ -15,10 +15,10 @@ import shutil
 
 import pytest
 
-from vllm_omni_voicechat.fleet.launch import Fleet
+from vllm_omni_voicechat.fleet.launch import Fleet, port_offsets
 
 from .compat import CuttableTransport
-from .server_fixture import free_port
+from .server_fixture import free_port_block
 
 if importlib.util.find_spec("vllm_omni") is None:
     pytest.skip("vllm_omni is not installed (scripts/install_omni_cpu.sh)", allow_module_level=True)
@@ -49,7 +49,7 @@ def run(coro):
 
 @pytest.fixture(scope="module")
 def fleet():
-    with Fleet(2, free_port(), serve_args=["--max-sessions", "2", "--disconnect-grace-s", "20"],
+    with Fleet(2, free_port_block(port_offsets(2)), serve_args=["--max-sessions", "2", "--disconnect-grace-s", "20"],
                agent_interval_ms=200, check_interval_ms=500) as f:
         yield f
 

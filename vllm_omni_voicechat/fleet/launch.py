@@ -27,6 +27,11 @@ def replica_addresses(n: int, port: int, host: str = "127.0.0.1") -> list[Replic
     return [ReplicaAddress(f"r{i}", host, port + i, port + 100 + i) for i in range(1, n + 1)]
 
 
+def port_offsets(n: int) -> list[int]:
+    """The ports a fleet of ``n`` binds, as offsets from its ``port``: HAProxy's, the replicas', their agents'."""
+    return [0, *(a.port for a in replica_addresses(n, 0)), *(a.agent_port for a in replica_addresses(n, 0))]
+
+
 def _healthy(url: str) -> dict | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback)
