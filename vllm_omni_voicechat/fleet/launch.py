@@ -29,7 +29,8 @@ def replica_addresses(n: int, port: int, host: str = "127.0.0.1") -> list[Replic
 
 def port_offsets(n: int) -> list[int]:
     """The ports a fleet of ``n`` binds, as offsets from its ``port``: HAProxy's, the replicas', their agents'."""
-    return [0, *(a.port for a in replica_addresses(n, 0)), *(a.agent_port for a in replica_addresses(n, 0))]
+    replicas = replica_addresses(n, 0)
+    return [0, *(r.port for r in replicas), *(r.agent_port for r in replicas)]
 
 
 def _healthy(url: str) -> dict | None:
