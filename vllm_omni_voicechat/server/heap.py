@@ -7,11 +7,11 @@ ended shell drops its sink, the outbox's callbacks and writer leave no cycle, a 
 parser: ``tests/test_session_freed.py`` runs sessions and a refused connection with the collector off), so nothing
 has to be collected when sessions or connections end. A full collection stops the event loop for as long as it
 walks every live session's objects (~0.1-0.2 ms a session: 26-63 ms at ~300 v3 sessions, 78 ms when it ran after
-224 tiered sessions ended together), long enough to make positions late. The collector's own trigger for full collections (a quarter more long-lived objects than at the last one) is therefore
-off, young collections run as usual, and a full collection runs only as a backstop ``backstop_s`` after the last one,
-for cycles made elsewhere (a library's, a test's). ``collect_after_ends`` brings back the former policy, a full
-collection soon after each session's end (at most one every ``interval_s``): ``benchmarks/session_end_pause.py``
-compares the two.
+224 tiered sessions ended together), long enough to make positions late. The collector's own trigger for full
+collections (a quarter more long-lived objects than at the last one) is therefore off, young collections run as
+usual, and a full collection runs only as a backstop ``backstop_s`` after the last one, for cycles made elsewhere (a
+library's, a test's). ``collect_after_ends`` brings back the former policy, a full collection soon after each
+session's end (at most one every ``interval_s``): ``benchmarks/session_end_pause.py`` compares the two.
 
 The C heap is trimmed every ``trim_interval_s`` (glibc's ``malloc_trim``, ~0.1 ms): after a client's 15 MB messages
 are freed, glibc's dynamic mmap threshold has risen and keeps the next ones in its heap, which it never hands back
