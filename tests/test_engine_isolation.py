@@ -8,7 +8,8 @@ on the codes (``omni/tiny/script.py``), and before each session's talker drew it
 (``omni/talker``) it drew from the process's, so two sessions at once changed each other's codes and audio. The
 codes themselves are compared in ``tests/test_omni_tiny_checkpoint.py`` (the talker in-process: sessions interleaved,
 and a forward's rows sampled together against each row alone). Together, Stage-1 forwards carry several sessions'
-rows, which on CPU our talker samples in one call (``omni/talker/rows.py``): the run shows that path too.
+rows, which on CPU our talker samples in one call (``omni/talker/rows.py``), and Stage-2 forwards several sessions'
+frames, which our codec decodes in one call (``omni/codec``): the run shows both paths too.
 
 Burst-fed: every append is sent at once and the barriers are written in order, so which position each event lands
 on does not depend on timing. A tool turn waits for the client's result on the 80 ms clock (the client's reaction
@@ -146,7 +147,15 @@ def test_four_scripts_together_are_position_by_position_what_each_is_alone(engin
     assert {batches for _, batches in runs.values()} == {(1, 1)}
     assert max(batch for _, (batch, _) in runs_together.values()) >= 2
     assert max(perceived for _, (_, perceived) in runs_together.values()) >= 2
-    assert max(stage_forwards(engine.log_path.read_text(errors="replace"), 1)) >= 2  # rows sampled together
+    log = engine.log_path.read_text(errors="replace")
+    assert max(stage_forwards(log, 1)) >= 2  # rows sampled together
+    assert max(codec_decodes(log)) >= 2  # sessions decoded in one codec call
+
+
+def codec_decodes(log: str) -> dict[int, int]:
+    """The last ``voicechat codec decodes by sessions`` counts our codec logged (omni/codec/model.py)."""
+    lines = re.findall(r"voicechat codec decodes by sessions: (\{[^}]*\})", log)
+    return {int(k): v for k, v in ast.literal_eval(lines[-1]).items()} if lines else {0: 0}
 
 
 def stage_forwards(log: str, stage: int) -> dict[int, int]:

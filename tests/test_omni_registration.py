@@ -265,6 +265,10 @@ def test_deploy_yaml_is_the_in_tree_streaming_duplex_merge_plus_our_changes():
     expected.stages[1] = dataclasses.replace(stage1, gpu_memory_utilization=0.16, default_sampling_params={
         **stage1.default_sampling_params, "max_tokens": 16347}, engine_extras={
         **stage1.engine_extras, "model_arch": "VoiceChatRealtimeTalkerForConditionalGeneration"})
+    # and Stage 2 our codec: vLLM-Omni's, a forward's sessions decoded in one call (omni/codec)
+    stage2 = expected.stages[2]
+    expected.stages[2] = dataclasses.replace(stage2, engine_extras={
+        **stage2.engine_extras, "model_arch": "VoiceChatRealtimeCode2Wav"})
     assert ours == expected
 
 

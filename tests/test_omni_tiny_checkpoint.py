@@ -569,3 +569,56 @@ def test_code2wav_loads_the_codec_and_decodes_1764_samples_per_frame(distributed
             info = {"codes": {"audio": codes[i:i + 1]}, "meta": {"codec_streaming": True, "request_id": "r"}}
             out = model(runtime_additional_information=[info]).multimodal_outputs["model_outputs"][0]
             assert out.shape == (FRAME_OUT,) and torch.isfinite(out).all()
+
+
+def codec_args(arch: str) -> dict:
+    return dict(model_arch=arch, model_stage="code2wav", stage_id=2, hf_config_name="code2wav_config",
+                dtype="float32", max_model_len=65536, max_num_batched_tokens=65536, skip_tokenizer_init=True,
+                hf_overrides={"use_incremental_codec_cache": True})
+
+
+def test_our_codec_decodes_a_forwards_sessions_together_as_each_alone(distributed, checkpoint):
+    """The in-tree code2wav decodes a forward's duplex sessions one call each; ours stacks their causal-conv caches
+    and decodes them in one call (omni/codec): each session's audio and cache afterwards are exactly what its own
+    calls give, bit for bit, with sessions joining at different frames (a layer cache some rows lack) and a row the
+    parent still takes (a prompt-trimmed chunk) in the same forward."""
+    from vllm_omni_voicechat.omni.codec import ARCHITECTURE, register_architecture
+    from vllm_omni_voicechat.omni.codec.model import VoiceChatRealtimeCode2Wav
+
+    register_architecture()
+    _, model = build_stage(checkpoint, **codec_args(ARCHITECTURE))
+    assert isinstance(model, VoiceChatRealtimeCode2Wav)
+    g = torch.Generator().manual_seed(4)
+    sessions = ["a", "b", "c", "d"]
+    joins = {"a": 0, "b": 0, "c": 2, "d": 3}
+    codes = {s: torch.randint(0, 64, (6, 31), generator=g) for s in sessions}
+
+    def info(session, frame, key=None):
+        return {"codes": {"audio": codes[session][frame:frame + 1]},
+                "meta": {"codec_streaming": True, "request_id": key or session, "left_context_size": 0}}
+
+    def decode(infos):
+        with torch.inference_mode():
+            return model(runtime_additional_information=infos).multimodal_outputs["model_outputs"]
+
+    alone = {s: [decode([info(s, f, key=f"alone-{s}")])[0] for f in range(joins[s], 6)] for s in sessions}
+    calls = []
+    decode_codec = model.audio_codec.decode
+    model.audio_codec.decode = lambda code, *a, **k: calls.append(code.shape[0]) or decode_codec(code, *a, **k)
+    together: dict[str, list] = {s: [] for s in sessions}
+    trimmed = {"codes": {"audio": codes["a"][:3]}, "meta": {"left_context_size": 1}}
+    for frame in range(6):
+        here = [s for s in sessions if joins[s] <= frame]
+        out = decode([info(s, frame) for s in here] + [trimmed])
+        for s, audio in zip(here, out):
+            together[s].append(audio)
+        assert out[-1].shape == (2 * FRAME_OUT,)  # the parent's prefix re-decode, new frames only
+    assert calls == [2, 1, 2, 1, 3, 1, 4, 1, 4, 1, 4, 1]  # the sessions together, then the trimmed row alone
+    for s in sessions:
+        assert len(together[s]) == len(alone[s])
+        for mine, theirs in zip(together[s], alone[s]):
+            assert mine.shape == (FRAME_OUT,) and torch.equal(mine, theirs)
+        cache, reference = model._stream_caches[s].cache, model._stream_caches[f"alone-{s}"].cache
+        assert cache.keys() == reference.keys()
+        assert all(torch.equal(cache[layer], reference[layer]) for layer in cache)
+    assert len({bytes(together[s][-1].numpy()) for s in sessions}) == len(sessions)

@@ -82,6 +82,13 @@ def register() -> bool:
         register_talker()
     except Exception:
         logger.warning("could not register the voicechat talker architecture", exc_info=True)
+    try:
+        # Our Stage-2 codec architecture (a forward's sessions decoded together; the deploy YAML's stage 2 names it).
+        from .codec import register_architecture as register_codec
+
+        register_codec()
+    except Exception:
+        logger.warning("could not register the voicechat codec architecture", exc_info=True)
 
     if PIPELINE_KEY in OMNI_PIPELINES:
         # Ours from an earlier call (the other group, a stage process re-run) or someone else's: leave it alone.
