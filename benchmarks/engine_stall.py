@@ -3,12 +3,15 @@ has already served others, pair after pair, measuring how long the second sessio
 
 Each pair: session A connects and starts a burst-fed turn (speech, commit, its response); while A's positions run,
 session B connects and does the same (the server's own time for that first position, ``server_step_ms``, is kept
-too). A session's first position is its turn start -> its first position's metrics
-at the client; it carries the session's prompt prefill through Stage 0 and the talker's speaker prefill, so even a
-lone session's takes a while on CPU. B's wait for A is B's first position less a lone session's (the median of the
-warm-up sessions, served one at a time before the pairs). The client's own event loop lag is measured beside it (a
-10 ms ticker), and the kernel's log is read for stall reports (workqueue lockups, starved RCU kthreads) when it can
-be read. A server that is on time answers B as fast as a lone session, whatever A does.
+too). A session's first position is its turn start -> its first position's metrics arriving at the client (the
+receive loop's stamp; a lone session's takes ~20 ms here). When its ``committed`` ack came is kept beside it
+(``burst_committed_s``): the ack follows the burst's last position and its settlement, so it measures how fast the
+engine works through a whole burst (two bursts at once share the engine), not a wait; until 2026-12-06 it was taken
+for the first position (the wait for the first metrics returned only after the commit). B's wait for A is B's first
+position less a lone session's (the median of the warm-up sessions, served one at a time before the pairs). The
+client's own event loop lag is measured beside it (a 10 ms ticker), and the kernel's log is read for stall reports
+(workqueue lockups, starved RCU kthreads) when it can be read. A server that is on time answers B as fast as a lone
+session, whatever A does.
 
     .engine-venv/bin/python benchmarks/engine_stall.py [--pairs 20] [--out FILE]
 """
@@ -36,10 +39,10 @@ def speech() -> bytes:
 
 
 async def one_turn(url: str, name: str, started: asyncio.Event | None = None) -> dict:
-    from vllm_omni_voicechat.client import V3Client
+    from vllm_omni_voicechat.client.talk import TimedV3Client
 
     loop = asyncio.get_running_loop()
-    async with await V3Client.connect(url + "/v1/voicechat") as c:
+    async with await TimedV3Client.connect(url + "/v1/voicechat") as c:
         await c.configure(f"Stall probe {name}.")
         turn = await c.start_turn(1)
         sent = loop.time()
@@ -47,14 +50,18 @@ async def one_turn(url: str, name: str, started: asyncio.Event | None = None) ->
             started.set()
         await c.send_audio(speech(), paced=False)
         await c.commit(1)
+        committed = loop.time() - sent
         first = await c.wait_for(lambda e: e["type"] == "voicechat.metrics" and e.get("frame") is not None,
                                  timeout=120)
-        waited = loop.time() - sent
+        # When the first position's metrics arrived (stamped by the receive loop), not when this wait returned:
+        # the wait returns after the commit, i.e. after the whole burst.
+        waited = c.arrivals[next(i for i, e in enumerate(c.events) if e is first)] - sent
         response = await c.response_for(turn, timeout=120)
         await c.response_done(response.response_id, timeout=120)
         await c.stop()
         model = (first.get("turn_state") or {}).get("model") or {}
-        return {"first_position_s": round(waited, 3), "first_step_ms": first["server_step_ms"],
+        return {"first_position_s": round(waited, 3), "burst_committed_s": round(committed, 3),
+                "first_step_ms": first["server_step_ms"],
                 "first_held_ms": model.get("held_ms"), "first_stage0_batch": model.get("stage0_batch"),
                 "errors": [e["error"]["code"] for e in c.errors]}
 
@@ -142,6 +149,8 @@ def main() -> int:
     report["summary"] = {
         "pairs": len(waits), "second_session_wait_max_s": max(waits), "over_bound": sum(w > WAIT_BOUND_S for w in waits),
         "second_session_first_position_max_s": max(p["b"]["first_position_s"] for p in report["pairs"]),
+        "second_session_burst_committed_max_s": max(p["b"]["burst_committed_s"] for p in report["pairs"]),
+        "lone_burst_committed_s": [r["burst_committed_s"] for r in lone],
         "second_session_first_step_ms_max": max(p["b"]["first_step_ms"] for p in report["pairs"]),
         "errors": sum(len(p["a"]["errors"]) + len(p["b"]["errors"]) for p in report["pairs"]),
         "client_loop_lag_max_s": max(p["client_loop_lag_max_s"] for p in report["pairs"]),
