@@ -72,6 +72,8 @@ class Stats:
         self.held_ms: list[float] = []
         self.e2e_ms: list[float] = []
         self.late_ms: list[float] = []
+        self.late_seconds: dict[int, int] = {}
+        """Late positions by the second of the window their metrics arrived in: whether lateness comes in bursts."""
         self.stage0_batch: dict[int, float] = {}
         self.perceived_with: dict[int, float] = {}
         self.tick_size: dict[int, int] = {}
@@ -115,7 +117,10 @@ async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
                     stats.step_ms.append(m["server_step_ms"])
                     late = ts.get("late_ms") or 0.0
                     stats.late_ms.append(late)
-                    stats.late += late >= LATE_MS
+                    if late >= LATE_MS:
+                        stats.late += 1
+                        second = int(now - w0)
+                        stats.late_seconds[second] = stats.late_seconds.get(second, 0) + 1
                     stats.over_budget += bool(m.get("over_budget"))
                     stats.held_ms.append(model.get("held_ms", 0.0))
                     batch = model.get("stage0_batch")
@@ -225,6 +230,7 @@ def trial(server, n: int, args: argparse.Namespace) -> dict:
         "window_s": window_s,
         "positions": stats.positions,
         "late": stats.late,
+        "late_by_second": dict(sorted(stats.late_seconds.items())),
         "over_budget": stats.over_budget,
         "responses": stats.responses,
         "errors": stats.errors[:10],
