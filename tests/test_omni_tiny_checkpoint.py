@@ -301,11 +301,11 @@ def test_streaming_perception_gives_one_embedding_per_80_ms_frame_and_feeds_the_
 
 
 def test_our_thinker_perceives_a_forwards_frames_together_as_each_alone(our_thinker):
-    """vLLM-Omni's runner calls ``preprocess_batch`` before each request's ``preprocess``: our thinker perceives every
-    continuing stream's new frame in one encoder call (omni/thinker/perception.py) and stores it where the parent
-    keeps a perceived frame. Four streams (one begun three frames later, its encoder cache less full) perceived
-    together leave every stream, its caches and its fused frame exactly as perceiving each alone does; a stream's
-    first frame, a repeat and a gap stay the parent's."""
+    """vLLM-Omni's runner calls ``preprocess_batch`` before each request's ``preprocess``: our thinker perceives
+    every continuing stream's new frame in one encoder call (omni/thinker/perception.py) and stores it where the
+    parent keeps a perceived frame, the forward's windows of one length featurized in one call. Four streams (one
+    begun three frames later, its encoder cache less full) perceived together leave every stream, its caches and its
+    fused frame exactly as perceiving each alone does; a stream's first frame, a repeat and a gap stay the parent's."""
     import copy
 
     from vllm_omni_voicechat.omni.thinker import perception
@@ -328,13 +328,17 @@ def test_our_thinker_perceives_a_forwards_frames_together_as_each_alone(our_thin
     together = copy.deepcopy(sessions)
     seqs = [starts[stream] + 2 for stream in range(4)]
     batched = 0
+    featurized: list[int] = []  # the featurizer's batch sizes
+    hook = our_thinker._streaming_preprocessor.register_forward_hook(
+        lambda module, args, kwargs, out: featurized.append(int(kwargs["input_signal"].shape[0])), with_kwargs=True)
     for _ in range(12):
         seqs = [seq + 1 for seq in seqs]
         for stream in range(4):
             our_thinker._duplex_stable_frame(alone[stream] or sessions[stream], duplex(stream, seqs[stream]), cpu)
             alone[stream] = alone[stream] or sessions[stream]
-        rows = [perception.prepare(our_thinker, together[i], duplex(i, seqs[i]), cpu) for i in range(4)]
-        assert all(row is not None for row in rows)
+        windows = [perception.cut(our_thinker, together[i], duplex(i, seqs[i]), cpu) for i in range(4)]
+        assert all(window is not None for window in windows)
+        rows = perception.featurize(our_thinker, windows)
         for row, update in perception.perceive_together(our_thinker, rows):
             row.session.update(update)
         batched += 1
@@ -343,7 +347,9 @@ def test_our_thinker_perceives_a_forwards_frames_together_as_each_alone(our_thin
             for key in ("duplex_frame", "vc_encoder_frame", *perception.CACHE_KEYS, "duplex_audio"):
                 assert torch.equal(together[stream][key], alone[stream][key]), (stream, seqs[stream], key)
             assert together[stream]["last_input_seq"] == alone[stream]["last_input_seq"] == seqs[stream]
+    hook.remove()
     assert batched == 12
+    assert featurized == [1, 1, 1, 1, 4] * 12  # each alone (the parent's), then the four windows in one call
     # one encoder call for the streams whose caches are equally full, one for the later stream
     keys = [row.key() for row in rows]
     assert [[i for i, k in enumerate(keys) if k == key] for key in dict.fromkeys(keys)] == [[0, 1, 3], [2]]

@@ -120,8 +120,6 @@ class VoiceChatRealtimeCode2Wav(NemotronVoiceChatCode2Wav):
     def _decode_together(self, infos: list[Any]) -> dict[int, torch.Tensor]:
         """The audio of each row decoded here, by row index."""
         device = next(self.audio_codec.parameters()).device
-        if device.type != "cpu":
-            return {}
         groups: dict[int, list[tuple[int, str, torch.Tensor]]] = {}
         for index, info in enumerate(infos):
             row = self._duplex_row(info)
@@ -129,9 +127,11 @@ class VoiceChatRealtimeCode2Wav(NemotronVoiceChatCode2Wav):
                 groups.setdefault(int(row[1].shape[0]), []).append((index, *row))
         audio: dict[int, torch.Tensor] = {}
         for frames, rows in groups.items():
-            self._count(len(rows))
-            if len(rows) < 2:
+            if len(rows) < 2 or device.type != "cpu":
+                for _ in rows:
+                    self._count(1)  # the parent's call each
                 continue
+            self._count(len(rows))
             caches = [self._stream_caches.setdefault(key, CausalConv1dCache()) for _, key, _ in rows]
             cache = stack_caches(caches)
             codes = torch.stack([codes for _, _, codes in rows]).to(device=device)

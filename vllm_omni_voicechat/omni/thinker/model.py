@@ -191,21 +191,21 @@ class VoiceChatRealtimeThinker(NemotronVoiceChatThinkerForConditionalGeneration)
                 streams.append((session, duplex))
         if len(streams) < 2:
             return  # a lone stream: the parent's own path, and no window cut twice
-        rows = []
+        windows = []
         for session, duplex in streams:
             try:
-                row = perception.prepare(self, session, duplex, device)
+                window = perception.cut(self, session, duplex, device)
             except Exception:  # the parent's own path meets it again and fails only this request
-                row = None
-            if row is not None:
-                rows.append(row)  # one row alone is encoded as the parent would: its window is not cut twice
-        if not rows:
+                window = None
+            if window is not None:
+                windows.append(window)  # one row alone is encoded as the parent would: its window is not cut twice
+        if not windows:
             return
         try:
-            done = perception.perceive_together(self, rows)
+            done = perception.perceive_together(self, perception.featurize(self, windows))
         except Exception:  # nothing was written: every row takes the parent's per-request path
             logger.exception("voicechat thinker: perceiving %d frames together failed; perceiving each alone",
-                             len(rows))
+                             len(windows))
             return
         for row, update in done:
             row.session.update(update)

@@ -6,14 +6,15 @@ the projection), one request at a time: at four sessions that was half of Stage 
 cost left on the engine. vLLM-Omni's runner offers a model a ``preprocess_batch`` hook, called with the forward's
 request ids before the per-request ``preprocess``; the thinker uses it to run the Conformer step, adapter and
 projection once for every row that continues its stream (NeMo's cache-aware encoder takes a batch: its caches carry
-the batch in dimension 1, their lengths in dimension 0). Each row's mel window is still cut per row, by the
-parent's own geometry helpers. The thinker then writes each row's results where the parent keeps them, so the
-per-request ``preprocess`` finds its frame already perceived (the parent returns the stored frame for an input
-sequence it has seen) and fuses it unchanged.
+the batch in dimension 1, their lengths in dimension 0). Each row's audio window is cut per row, by the parent's own
+geometry helpers, and the windows of one length go through the mel featurizer in one call. The thinker then writes
+each row's results where the parent keeps them, so the per-request ``preprocess`` finds its frame already perceived
+(the parent returns the stored frame for an input sequence it has seen) and fuses it unchanged.
 
 Only the plain continuation is taken (the next input sequence of a stream that has begun): a stream's first frame,
 a repeat, a gap or a reset stays the parent's, with its own errors. ``prepare`` changes nothing; ``encode`` returns
-each row's new state; nothing is written until the whole batch has been encoded.
+each row's new state; nothing is written until the whole batch has been encoded. ``cut`` and ``featurize`` are
+``prepare`` in two steps, so a forward's windows are featurized together.
 """
 
 from __future__ import annotations
@@ -52,8 +53,20 @@ class Row:
         return (tuple(self.mel.shape), self.drop_extra, tuple(self.caches[2].tolist()))
 
 
-def prepare(thinker: Any, session: dict[str, Any], duplex: dict[str, Any], device: torch.device) -> Row | None:
-    """The row for ``session``'s frame in ``duplex``, or None when it is not a plain continuation (the parent's)."""
+@dataclass
+class Window:
+    """One request's rolling audio window with its next frame, cut as the parent cuts it (the session untouched)."""
+
+    session: dict[str, Any]
+    seq: int
+    frame_idx: int
+    audio: torch.Tensor
+    window_col0: int
+    caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def cut(thinker: Any, session: dict[str, Any], duplex: dict[str, Any], device: torch.device) -> Window | None:
+    """``session``'s window with the frame in ``duplex``, or None when it is not a plain continuation (the parent's)."""
     seq = int(duplex["source_input_seq"])
     audio = session.get("duplex_audio")
     if seq != int(session.get("last_input_seq", 0)) + 1 or not isinstance(audio, torch.Tensor):
@@ -65,22 +78,44 @@ def prepare(thinker: Any, session: dict[str, Any], duplex: dict[str, Any], devic
     raw = decode_pcm_f32le(duplex.get("payload"), exact_frame=True)
     frame = torch.from_numpy(np.frombuffer(raw, dtype="<f4").copy()).to(device=device, dtype=torch.float32)
     audio = torch.cat([audio, frame])
-    encoder = thinker.perception.encoder
     window_col0 = int(session.get("duplex_window_col0", 0))
     # The rolling window's bound, as the parent keeps it (only the columns the chunk reads, plus a margin).
     hop = int(getattr(thinker._streaming_preprocessor.featurizer, "hop_length", 160))
     total_cols = (window_col0 * hop + int(audio.numel())) // hop + 1
-    cache_start, _, _ = perception_chunk_geometry(frame_idx, total_cols, encoder.streaming_cfg)
+    cache_start, _, _ = perception_chunk_geometry(frame_idx, total_cols, thinker.perception.encoder.streaming_cfg)
     col0 = max(0, cache_start - _DUPLEX_MEL_MARGIN_COLS)
     if col0 > window_col0:
         audio = audio[(col0 - window_col0) * hop :]
         window_col0 = col0
+    return Window(session, seq, frame_idx, audio, window_col0, caches)  # type: ignore[arg-type]
+
+
+def featurize(thinker: Any, windows: Sequence[Window]) -> list[Row]:
+    """Each window's mel chunk, the windows of one length in one featurizer call (a batch's rows are the same bits
+    as each alone: per-row STFT, filterbank and per-feature normalisation over equal lengths)."""
+    groups: dict[int, list[int]] = {}
+    for index, window in enumerate(windows):
+        groups.setdefault(int(window.audio.numel()), []).append(index)
+    rows: list[Row | None] = [None] * len(windows)
+    encoder = thinker.perception.encoder
     with torch.inference_mode():
-        mel, _ = thinker._streaming_preprocessor(
-            input_signal=audio.unsqueeze(0), length=torch.tensor([audio.numel()], device=device, dtype=torch.long))
-        chunk, drop_extra = slice_perception_streaming_mel(mel, frame_idx, encoder.streaming_cfg,
-                                                           window_col0=window_col0)
-    return Row(session, seq, audio, window_col0, chunk, int(drop_extra), caches)  # type: ignore[arg-type]
+        for length, members in groups.items():
+            signal = torch.stack([windows[i].audio for i in members])
+            mel, _ = thinker._streaming_preprocessor(
+                input_signal=signal,
+                length=torch.full((len(members),), length, device=signal.device, dtype=torch.long))
+            for j, i in enumerate(members):
+                w = windows[i]
+                chunk, drop_extra = slice_perception_streaming_mel(mel[j : j + 1], w.frame_idx, encoder.streaming_cfg,
+                                                                   window_col0=w.window_col0)
+                rows[i] = Row(w.session, w.seq, w.audio, w.window_col0, chunk, int(drop_extra), w.caches)
+    return rows  # type: ignore[return-value]
+
+
+def prepare(thinker: Any, session: dict[str, Any], duplex: dict[str, Any], device: torch.device) -> Row | None:
+    """The row for ``session``'s frame in ``duplex``, or None when it is not a plain continuation (the parent's)."""
+    window = cut(thinker, session, duplex, device)
+    return None if window is None else featurize(thinker, [window])[0]
 
 
 def encode(thinker: Any, rows: Sequence[Row]) -> list[dict[str, Any]]:
@@ -132,4 +167,4 @@ def perceive_together(thinker: Any, rows: Sequence[Row]) -> list[tuple[Row, dict
     return done
 
 
-__all__ = ["CACHE_KEYS", "Row", "encode", "perceive_together", "prepare"]
+__all__ = ["CACHE_KEYS", "Row", "Window", "cut", "encode", "featurize", "perceive_together", "prepare"]
