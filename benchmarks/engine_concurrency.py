@@ -80,6 +80,8 @@ class Stats:
         self.kinds: dict[str, int] = {}
         self.errors: list[str] = []
         self.responses = 0
+        self.trace: list[dict] = []
+        """Every position of the window (``--trace``): where late positions sit, by session and by tick."""
 
 
 async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
@@ -134,6 +136,10 @@ async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
                         stats.tick_size[size] = stats.tick_size.get(size, 0) + 1
                     if sent is not None:
                         stats.e2e_ms.append((now - sent) * 1000.0)
+                    stats.trace.append({"session": index, "at_s": round(now - w0, 4), "frame": m.get("frame"),
+                                        "kind": kind, "step_ms": m["server_step_ms"], "late_ms": late,
+                                        "e2e_ms": None if sent is None else round((now - sent) * 1000.0, 2),
+                                        "model": model})
                     continue
                 if '"type":"error"' in text[:40] and w0 <= now < w1:
                     stats.errors.append(f"session {index}: {text[:300]}")
@@ -217,6 +223,10 @@ def trial(server, n: int, args: argparse.Namespace) -> dict:
                              mark(spec["w0"], "w0"), mark(spec["w1"] + 2.5, "w1"))
 
     asyncio.run(run())
+    if args.trace is not None:
+        with args.trace.open("a") as out:
+            for row in sorted(stats.trace, key=lambda r: r["at_s"]):
+                out.write(json.dumps({"slot_ms": args.slot_now, "sessions": n, **row}) + "\n")
     window_s = args.window
     cpu = {role: marks["w1"]["cpu"].get(role, 0.0) - marks["w0"]["cpu"].get(role, 0.0) for role in marks["w1"]["cpu"]}
     total_cpu = sum(cpu.values())
@@ -311,6 +321,8 @@ def main() -> int:
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="server environment")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_concurrency.json"))
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: beside --out)")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="write every measured position (JSON lines: trial, session, arrival, late, tick)")
     args = parser.parse_args()
 
     from vllm_omni_voicechat.omni.local_server import engine_available, engine_server
@@ -338,6 +350,7 @@ def main() -> int:
             series: dict = {"slot_ms": slot, "trials": []}
             deploy = derived_deploy(logs / "deploy.yaml", slot if args.server_root is None else None,
                                     max(args.sessions), args.server_root)
+            args.slot_now = slot
             with engine_server(checkpoint, logs, deploy=deploy, extra_env=extra_env) as server:
                 series["startup_s"] = round(server.started_s, 1)
                 for n in args.sessions:
