@@ -58,6 +58,23 @@ def test_a_position_that_waited_behind_its_own_session_is_late_by_that_wait():
     assert release.held_ms(release.members[0]) == 0.0
 
 
+def test_a_backlogged_position_in_a_tick_with_sessions_on_time_is_late_by_its_own_wait():
+    """Sharing a tick with a fresh frame does not excuse a frame that waited 300 ms behind its own session."""
+    tick = tick_with("a", "b")
+    at = in_step(tick, ["a", "b"], 0.0)
+    # a's frame was ready at `at` but its session's previous position ran until 0.31 s later
+    assert tick.join("b", ready=at + 0.3, now=at + 0.3) is None  # a is expected: b waits for it
+    release = tick.join("a", ready=at, now=at + 0.31)
+    assert release is not None and release.size == 2
+    b, a = release.members
+    assert release.due == pytest.approx(at + 0.3)
+    # b waited 10 ms for a position that was ready: the engine's 10 ms (as before this case was measured)
+    assert release.late_ms(b) == pytest.approx(10.0) and release.held_ms(b) == pytest.approx(10.0)
+    # the policy would have held a's position at most a slot from when it was ready
+    assert release.late_ms(a) == pytest.approx(310.0 - SLOT * 1000.0)
+    assert release.held_ms(a) == 0.0
+
+
 def test_sessions_expected_within_the_slot_are_waited_for_then_released_together():
     tick = tick_with("a", "b")
     tick.join("a", 0.0, 0.0)

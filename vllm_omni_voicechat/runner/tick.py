@@ -17,7 +17,7 @@ The slot runs from when the tick opened (its first member joined), so positions 
 still share a forward. The hold is policy, not lateness. Each release says when the policy meant to release it (``due``: when every
 member's position was ready, capped at the slot), so a host can tell the wait it chose (``held_ms``: joined ->
 released, at most the slot) from positions that queued because the engine fell behind (``late_ms``: released
-after the later of ``due`` and the member's own ready time).
+after the later of ``due`` and the member's own ready time, ``due`` capped at a slot after that ready time).
 
 Pure: no clock and no threads; every method takes ``now`` (seconds on one monotonic timeline). The engine's host
 (``omni/batching.py``) blocks each session's position until its tick is released and submits the tick's positions
@@ -64,6 +64,8 @@ class Release:
     """When the policy meant to release it: when the last member's position was ready, or the slot's end when the
     tick waited it out for a session that did not come."""
     reason: ReleaseReason
+    slot: float
+    """The policy's longest hold (seconds)."""
 
     @property
     def size(self) -> int:
@@ -74,8 +76,11 @@ class Release:
         return max(0.0, self.at - member.joined) * 1000.0
 
     def late_ms(self, member: Member) -> float:
-        """How far past its due ``member`` was released: the engine, not the policy, held it up."""
-        return max(0.0, self.at - max(member.ready, self.due)) * 1000.0
+        """How far past its own due ``member`` was released: the engine, not the policy, held it up. Its due is the
+        tick's, but never more than a slot after its own position was ready: a position that queued behind its
+        session's previous one is late by that wait even when it shares a tick with sessions that are on time."""
+        due = min(self.due, member.ready + self.slot)
+        return max(0.0, self.at - max(member.ready, due)) * 1000.0
 
 
 class EngineTick:
@@ -169,7 +174,7 @@ class EngineTick:
         for m in members:
             if m.key in self._live:
                 self._next[m.key] = m.ready + self.period_s
-        release = Release(self.ticks, members, now, min(due, now), reason)
+        release = Release(self.ticks, members, now, min(due, now), reason, self.slot_s)
         self.ticks += 1
         self._open = {}
         return release
