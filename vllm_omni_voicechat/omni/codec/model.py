@@ -101,8 +101,9 @@ class VoiceChatRealtimeCode2Wav(NemotronVoiceChatCode2Wav):
             self.__dict__["_vc_logged_at"] = now
             log.info(DECODES_LOG_FORMAT, dict(sorted(counts.items())))
 
-    def _duplex_row(self, info: Any) -> tuple[str, torch.Tensor] | None:
-        """(cache key, codes) of a duplex row this class decodes, or None for a row the parent should take."""
+    def _duplex_row(self, info: Any) -> tuple[str, torch.Tensor, int] | None:
+        """(cache key, codes as sent, new frames) of a duplex row, or None for any other row. The codes are
+        validated only where this class decodes them (the parent validates the rest)."""
         if not isinstance(info, Mapping) or scalar_bool(_meta(info, "nemotron_voicechat_dummy_profile")):
             return None
         key = _meta(info, "request_id")
@@ -111,11 +112,11 @@ class VoiceChatRealtimeCode2Wav(NemotronVoiceChatCode2Wav):
         codes = self._codes_from_runtime_info(info)
         if codes is None:
             return None
-        codes = validate_code_stack(codes, self._num_quantizers, self._codebook_size)
+        frames = codes.numel() // self._num_quantizers if codes.dim() == 1 else int(codes.shape[0])
         # As the parent's streaming path: the frames already emitted (``left_context_size``) only tell an empty
         # terminal chunk apart; a duplex chunk's frames are all new.
         emitted = _meta(info, "left_context_size")
-        return (key, codes) if codes.shape[0] > max(int(emitted or 0), 0) else None
+        return (key, codes, frames) if frames > max(int(emitted or 0), 0) else None
 
     def _decode_together(self, infos: list[Any]) -> dict[int, torch.Tensor]:
         """The audio of each row decoded here, by row index."""
@@ -124,7 +125,8 @@ class VoiceChatRealtimeCode2Wav(NemotronVoiceChatCode2Wav):
         for index, info in enumerate(infos):
             row = self._duplex_row(info)
             if row is not None:
-                groups.setdefault(int(row[1].shape[0]), []).append((index, *row))
+                key, codes, frames = row
+                groups.setdefault(frames, []).append((index, key, codes))
         audio: dict[int, torch.Tensor] = {}
         for frames, rows in groups.items():
             if len(rows) < 2 or device.type != "cpu":
@@ -134,7 +136,8 @@ class VoiceChatRealtimeCode2Wav(NemotronVoiceChatCode2Wav):
             self._count(len(rows))
             caches = [self._stream_caches.setdefault(key, CausalConv1dCache()) for _, key, _ in rows]
             cache = stack_caches(caches)
-            codes = torch.stack([codes for _, _, codes in rows]).to(device=device)
+            codes = torch.stack([validate_code_stack(codes, self._num_quantizers, self._codebook_size)
+                                 for _, _, codes in rows]).to(device=device)
             lens = torch.full((len(rows),), frames, device=device, dtype=torch.long)
             with torch.autocast(device_type=device.type, enabled=False):  # the codec decodes in fp32
                 wav, wav_len = self._batchable_codec().decode(codes, lens, cache=cache)
@@ -147,11 +150,9 @@ class VoiceChatRealtimeCode2Wav(NemotronVoiceChatCode2Wav):
     def forward(self, *args: Any, runtime_additional_information: list[dict[str, Any]] | None = None,
                 **kwargs: Any) -> Any:
         infos = list(runtime_additional_information or [])
-        if self.audio_codec is None or len(infos) < 2:
-            if self.audio_codec is not None and self._duplex_row(infos[0] if infos else None) is not None:
-                self._count(1)
+        audio = {} if self.audio_codec is None else self._decode_together(infos)
+        if not audio:
             return super().forward(*args, runtime_additional_information=runtime_additional_information, **kwargs)
-        audio = self._decode_together(infos)
         rest = [SKIP if index in audio else info for index, info in enumerate(infos)]
         output = super().forward(*args, runtime_additional_information=rest, **kwargs)
         outputs = output.multimodal_outputs["model_outputs"]
