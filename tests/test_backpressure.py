@@ -293,7 +293,7 @@ def test_shell_inbox_bounds_refusals_then_waits():
         def __init__(self) -> None:
             self.received: list[str] = []
 
-        def receive(self, message, now):
+        def receive(self, message, now, arrived=None):
             self.received.append(message)
             return []
 

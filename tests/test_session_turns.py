@@ -437,6 +437,18 @@ def test_a_microphone_frame_waiting_behind_other_positions_is_late_by_its_wait()
     assert tally.late == 2  # 40 ms and more: the server's late positions
 
 
+def test_a_frame_the_host_read_before_it_could_hand_it_over_is_late_from_when_it_was_read():
+    """An engine-backed host hands a client frame to the session only after the position in flight: the frame was
+    ready when the host read it (``arrived``), not when it was handed over."""
+    d = session(settlement_blank_frames=3)
+    d.send(StartTurn(1, "s1"))
+    d.run(advance_time=False)
+    d.clock.advance(5.0)
+    d.dispatch(d.session.receive(AppendAudio(LOUD_NOISE_FRAME * 2), d.clock.now, arrived=d.clock.now - 0.06))
+    d.dispatch(d.session.receive(AppendAudio(LOUD_NOISE_FRAME, arrived=d.clock.now - 0.03), d.clock.now))
+    assert late_ms(d.run(advance_time=False), "real") == [60.0, 70.0, 50.0]  # 10 ms a step here
+
+
 def test_the_preroll_is_late_only_from_its_release_and_the_commit_padding_from_the_commit():
     d = session(settlement_blank_frames=3)
     d.send(AppendAudio(SILENCE_FRAME * 3))  # held by the closed gate: no position

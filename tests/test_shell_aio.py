@@ -50,12 +50,14 @@ class WireStub:
     def __init__(self, tally=None) -> None:
         self.tally = tally
         self.read: list[tuple[str, float]] = []
+        self.arrived: list[float | None] = []
 
     def poll(self, now):
         return Tick([])
 
-    def receive(self, message, now):
+    def receive(self, message, now, arrived=None):
         self.read.append((message, now))
+        self.arrived.append(arrived)
         return []
 
     def disconnect(self, now):
@@ -389,6 +391,9 @@ def test_a_client_message_read_40_ms_or_more_after_it_arrived_is_counted_late():
         assert wire.tally.summary()["late_inbox_messages"] == 1
         await read("c", 0.0)
         assert shell.late_messages == 1
+        # each message is handed over with when it was read: its audio was ready from then
+        assert wire.read == [("a", 0.539), ("b", pytest.approx(0.5795)), ("c", pytest.approx(0.5795))]
+        assert wire.arrived == [0.5, 0.539, pytest.approx(0.5795)]
         shell.disconnect()
         await asyncio.wait_for(task, 10)
 
@@ -406,7 +411,7 @@ def floods(slice_s: float, handle_s: float) -> list[str]:
             super().__init__()
             self.name = name
 
-        def receive(self, message, now_):
+        def receive(self, message, now_, arrived=None):
             order.append(self.name)
             now[0] += handle_s
             return super().receive(message, now_)

@@ -257,10 +257,13 @@ class SessionCore:
 
     # ================================================================ driving interface
 
-    def receive(self, command: Command, now: float) -> list[Output]:
+    def receive(self, command: Command, now: float, arrived: float | None = None) -> list[Output]:
+        """``arrived``: when the host read the client message (``AppendAudio.arrived``; None: ``now``)."""
         if self.closed:
             return []
         self.now = now
+        if arrived is not None and type(command) is AppendAudio and command.arrived is None:
+            command = dataclasses.replace(command, arrived=arrived)
         if self.phase is Phase.STOPPING:
             # session.stop is permanent: nothing after it is admitted; typed requests still get their answer.
             if isinstance(command, RequestTypedInput):

@@ -333,6 +333,7 @@ class SessionShell:
 
     async def _handle(self, item: Any) -> None:
         now = self._clock()
+        arrived = item.at if isinstance(item, _Offered) else None  # read then; handed on after the position in flight
         item = self._taken(item, now)
         if isinstance(item, _Refused):
             if self._refusals is not None and not self.core.closed:
@@ -344,8 +345,10 @@ class SessionShell:
             self._room.set()  # a finished barrier may have released held frames
         elif isinstance(item, _Wake):
             pass  # the loop polls again
-        else:
+        elif arrived is None:
             await self._dispatch(self.core.receive(item, now))
+        else:
+            await self._dispatch(self.core.receive(item, now, arrived))
 
     async def _dispatch(self, outputs: list[Any], *, publish: bool = True) -> None:
         for output in outputs:

@@ -159,7 +159,7 @@ class TieredSession(WireSession):
         self._autostart_prefill = True  # issued by the first poll: effects belong to the shell that runs them
         return [self._session_created()]
 
-    def receive(self, message: str | bytes, now: float) -> list[TieredOutput]:
+    def receive(self, message: str | bytes, now: float, arrived: float | None = None) -> list[TieredOutput]:
         if self.closed:
             return []
         self.lease.touch(now)
@@ -170,6 +170,8 @@ class TieredSession(WireSession):
             # session.created goes first and the default prompt prefills behind it.
             out = [] if self.stamping.created else [self._session_created()]
             out += self._configure(self.settings.prompt, None, now, ack=False)
+        if arrived is not None and type(parsed) is p.InputAudioBufferAppend:
+            return out + self._append(parsed, now, arrived)
         return out + self._dispatch(parsed, now)
 
     def _dispatch(self, parsed: p.ClientEvent | p.ParseError, now: float) -> list[TieredOutput]:
@@ -292,9 +294,9 @@ class TieredSession(WireSession):
         return self._error("unsupported_session_resume", "session.resume is only valid as the first message",
                             e.event_id, None, now)
 
-    def _append(self, e: p.InputAudioBufferAppend, now: float) -> list[TieredOutput]:
+    def _append(self, e: p.InputAudioBufferAppend, now: float, arrived: float | None = None) -> list[TieredOutput]:
         # OpenAI clients stream right after connecting: audio is held until the prompt is prefilled.
-        appended = self.input_buffer.append(e, self.settings, held=not self.core.configured)
+        appended = self.input_buffer.append(e, self.settings, held=not self.core.configured, arrived=arrived)
         if isinstance(appended, Refused):
             return self._error(appended.code, appended.message, e.event_id, appended.param, now)
         if appended is None:

@@ -31,9 +31,9 @@ class InputBuffer:
         """The ``event_id`` of the last audio append handled (taken in or answered with an error), or None."""
 
     def append(self, e: InputAudioBufferAppend, settings: SessionSettings, *,
-               held: bool) -> AppendAudio | Refused | None:
-        """The core's command for an append (``held``: before the first prefill, it waits); None when nothing goes
-        to the core now."""
+               held: bool, arrived: float | None = None) -> AppendAudio | Refused | None:
+        """The core's command for an append (``held``: before the first prefill, it waits, and its audio is ready
+        when it is let through; ``arrived``: when the host read it); None when nothing goes to the core now."""
         if e.audio is None:
             return None  # video frames only: accepted and ignored
         self.last_append_event_id = e.event_id
@@ -52,9 +52,9 @@ class InputBuffer:
         self.accepted_appends += 1
         if not pcm:
             return None
-        command = AppendAudio(pcm, e.event_id, len(e.audio))
         if not held:
-            return command
+            return AppendAudio(pcm, e.event_id, len(e.audio), arrived)
+        command = AppendAudio(pcm, e.event_id, len(e.audio))
         self._held.append(command)
         self._held_bytes += len(pcm)
         return None

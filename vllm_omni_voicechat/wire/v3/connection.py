@@ -140,14 +140,14 @@ class V3Session(WireSession):
             (self._awaiting_ack is not None or core.barrier_running) and core.functions.cycle is None
         )
 
-    def receive(self, message: str | bytes, now: float) -> list[V3Output]:
+    def receive(self, message: str | bytes, now: float, arrived: float | None = None) -> list[V3Output]:
         if self.core.closed:
             return []
         self._last_message_at = now
         if self._held or self.at_barrier:
-            self._held.append(message)
+            self._held.append(message)  # its audio is ready once the barrier lets it through (the protocol's wait)
             return []
-        return self._receive(message, now)
+        return self._receive(message, now, arrived)
 
     def _settle(self, outputs: list[ev.Output], now: float) -> list[V3Output]:
         """A completion may finish the barrier that held frames: they are handed on after its outputs."""
@@ -165,11 +165,13 @@ class V3Session(WireSession):
             self._held.clear()
         return wire
 
-    def _receive(self, message: str | bytes, now: float) -> list[V3Output]:
+    def _receive(self, message: str | bytes, now: float, arrived: float | None = None) -> list[V3Output]:
         self._wire_bytes = len(message) if isinstance(message, bytes) or message.isascii() else len(message.encode())
         env = parser.read(message)
         if isinstance(env, parser.Refused):
             return [self._refused(env)]
+        if arrived is not None and env.type == "input_audio_buffer.append":
+            return self._append(env, now, arrived)
         return _HANDLERS[env.type](self, env, now)
 
     def poll(self, now: float) -> Tick:
@@ -275,13 +277,13 @@ class V3Session(WireSession):
         self._model_output_mode = mode
         return self._project(self.core.receive(Configure(SessionPrompt(instructions, tools), cid), now), now)
 
-    def _append(self, env: parser.Envelope, now: float) -> list[V3Output]:
+    def _append(self, env: parser.Envelope, now: float, arrived: float | None = None) -> list[V3Output]:
         if not self.core.configured:
             return [self._error("session_not_configured", "send session.update before audio", env.event_id)]
         append = parser.append(env)
         if isinstance(append, parser.Refused):
             return [self._refused(append)]
-        return self._project(self.core.receive(AppendAudio(append.pcm, append.event_id, self._wire_bytes), now), now)
+        return self._project(self.core.receive(AppendAudio(append.pcm, append.event_id, self._wire_bytes, arrived), now), now)
 
     def _barrier(self, env: parser.Envelope, now: float) -> list[V3Output]:
         if self.core.model_turns:  # the model owns turns: there are no client barriers
