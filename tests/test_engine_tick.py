@@ -75,6 +75,24 @@ def test_a_backlogged_position_in_a_tick_with_sessions_on_time_is_late_by_its_ow
     assert release.held_ms(a) == 0.0
 
 
+def test_a_frame_that_arrived_before_it_was_handed_over_is_late_from_its_arrival_but_paced_from_its_ready_time():
+    """The host hands a frame to its session only after the position in flight: its audio arrived earlier than the
+    position was ready. The tick paces by ``ready`` (the session is expected a frame after it); lateness counts from
+    the arrival, whatever tick the position shares."""
+    tick = tick_with("a", "b")
+    at = in_step(tick, ["a", "b"], 0.0)
+    assert tick.join("b", at, at) is None  # a is expected
+    # a's frame arrived 100 ms before it was handed over (at `at`); a joins 10 ms later
+    release = tick.join("a", ready=at, now=at + 0.01, arrived=at - 0.1)
+    assert release is not None and release.size == 2
+    b, a = release.members
+    assert a.late_from == pytest.approx(at - 0.1)
+    assert release.late_ms(a) == pytest.approx(110.0 - SLOT * 1000.0)  # a slot of it the policy could have held
+    assert release.late_ms(b) == pytest.approx(10.0)
+    # the pace follows `ready`: both are expected a frame after `at`
+    assert tick.join("a", at + FRAME, at + FRAME) is None and tick.waiting_for == {"b"}
+
+
 def test_sessions_expected_within_the_slot_are_waited_for_then_released_together():
     tick = tick_with("a", "b")
     tick.join("a", 0.0, 0.0)

@@ -99,15 +99,20 @@ def test_sessions_in_step_are_held_and_submitted_together_in_one_coroutine(api_l
 
 
 def test_the_slot_releases_a_tick_whose_expected_session_never_comes(api_loop):
-    batcher = EngineBatcher(0.02, api_loop)  # the real clock: the waiting thread wakes at the slot's end
+    clock = Clock()
+    batcher = EngineBatcher(0.02, api_loop, clock=clock)  # the waiting thread wakes by its own timed wait
     batcher.enter("a")
     batcher.enter("b")
     log, results = [], {}
-    now = time.monotonic()
-    for key in ("a", "b"):  # a frame ago: both are expected now
-        _run(batcher, key, now - 0.08, log, results).join(5)
-    _run(batcher, "a", now, log, results).join(5)  # b is expected within the slot and does not come
-    assert results["a"].size == 1 and 15.0 <= results["a"].held_ms
+    for key in ("a", "b"):  # each alone (nobody is expected yet); a frame later both are
+        _run(batcher, key, clock.now, log, results).join(5)
+    clock.now += 0.08
+    waiter = _run(batcher, "a", clock.now, log, results)  # b is expected within the slot and does not come
+    _wait_until(lambda: batcher.tick.waiting_for == {"b"})
+    clock.now += 0.02
+    waiter.join(5)
+    assert results["a"].size == 1 and results["a"].held_ms == pytest.approx(20.0)
+    assert results["a"].late_ms == 0.0
     assert batcher.tick.waiting_for == frozenset()
 
 

@@ -36,7 +36,8 @@ def test_a_completion_goes_to_the_core_and_comes_back_projected():
 
 def test_each_dialect_hands_an_append_on_with_when_the_host_read_it():
     """The audio of an append is ready from when the host read it (it may hand it over only after the position in
-    flight): both dialects carry ``arrived`` to the position's due time."""
+    flight): both dialects carry ``arrived`` to the position (its lateness counts from then; it is paced from when it
+    was handed over)."""
     import base64
     import json
 
@@ -62,7 +63,8 @@ def test_each_dialect_hands_an_append_on_with_when_the_host_read_it():
     pcm16 = {"encoding": "pcm16", "sample_rate": 16000, "channels": 1}
     host.dispatch(v3.receive(append("a1", **pcm16), host.clock.now, arrived=host.clock.now - 0.05))
     position = v3.poll(host.clock.now).position
-    assert position is not None and position.due == pytest.approx(host.clock.now - 0.05)
+    assert position is not None and position.arrived == pytest.approx(host.clock.now - 0.05)
+    assert position.due == host.clock.now  # paced from when it was handed over
 
     tiered = TieredDriver()
     tiered.send({"type": "session.update", "session": {"instructions": "Be brief."}})
@@ -71,4 +73,4 @@ def test_each_dialect_hands_an_append_on_with_when_the_host_read_it():
     now = tiered.clock.now
     tiered.driver.dispatch(tiered.session.receive(append("a1"), now, arrived=now - 0.05))
     position = tiered.session.poll(now).position
-    assert position is not None and position.due == pytest.approx(now - 0.05)
+    assert position is not None and position.arrived == pytest.approx(now - 0.05) and position.due == now

@@ -98,7 +98,10 @@ class PositionInput:
     """True when the frame is a zero-input position the protocol added (no client audio behind it)."""
     ready: float | None = None
     """When the position could have run (the runner's due time, on the host's monotonic clock). A model home that
-    holds positions to batch them across sessions measures its own lateness from it (``StepTimings.late_ms``)."""
+    holds positions to batch them across sessions paces them from it."""
+    arrived: float | None = None
+    """When its audio reached the host, if before ``ready`` (None: ``ready``): such a model home measures its
+    lateness from it (``StepTimings.late_ms``)."""
 
 
 @record

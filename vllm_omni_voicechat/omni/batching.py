@@ -69,13 +69,14 @@ class EngineBatcher:
             if release is not None:
                 self._dispatch(release)
 
-    def submit(self, key: Hashable, ready: float | None, submit: Submit) -> TickStamp:
-        """Join the tick with a position (``ready``: when it could have run) and block until its tick is released
-        and its submission has run; returns the stamp, or raises what the submission raised."""
+    def submit(self, key: Hashable, ready: float | None, submit: Submit, *, arrived: float | None = None) -> TickStamp:
+        """Join the tick with a position (``ready``: when it could have run; ``arrived``: when its audio reached the
+        host, if earlier) and block until its tick is released and its submission has run; returns the stamp, or
+        raises what the submission raised."""
         with self._cond:
             now = self._clock()
             seat = self._seats[key] = _Seat(submit)
-            release = self.tick.join(key, now if ready is None else ready, now)
+            release = self.tick.join(key, now if ready is None else ready, now, arrived=arrived)
             while True:
                 if release is not None:
                     self._dispatch(release)

@@ -126,7 +126,7 @@ class OmniStage0Port:
                     channel.push_controls({**vc, "tick": tick.tick, "tick_size": tick.size})
                     await handle.submit(append)
 
-                stamp = self.batcher.submit(handle.session_id, position.ready, submit)
+                stamp = self.batcher.submit(handle.session_id, position.ready, submit, arrived=position.arrived)
                 started = time.perf_counter()
             output = channel.wait_stage0(self.step_timeout_s)
             inference_ms = (time.perf_counter() - started) * 1000.0

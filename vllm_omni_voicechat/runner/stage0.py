@@ -6,7 +6,9 @@ method takes ``now`` (seconds on any monotonic timeline).
 
 Pacing policy:
 - real frames, typed-input audio, settlement, the EOU position and cancel tails are **unpaced**: due at once, a
-  microphone frame from when it could run (its ``ready`` time), so its wait behind other positions is lateness;
+  microphone frame from when it could run (its ``ready`` time), so its wait behind other positions is lateness, and
+  late from when its audio reached the host (``arrived``, when the host could hand it over only after the position
+  in flight);
 - post-tool **recovery** positions keep a >= 80 ms cadence between starts;
 - **response silence** (a response is open, no real frame queued) is due on the 80 ms grid anchored at the
   previous position, so a response finishes when the client stops streaming; after a real frame the first one
@@ -79,6 +81,12 @@ class Position:
     transport_frame: int | None
     due: float
     started: float
+    arrived: float | None = None
+    """When its audio reached the host, if before ``due``: the position is late from then (None: ``due``)."""
+
+    @property
+    def late_from(self) -> float:
+        return self.due if self.arrived is None else min(self.arrived, self.due)
 
 
 @record
@@ -152,8 +160,11 @@ class Stage0Runner:
         transport_frame: int | None,
         now: float,
         due: float | None = None,
+        arrived: float | None = None,
     ) -> Position:
-        """Start one position; raises :class:`PositionLimitReached` instead when the guard is hit."""
+        """Start one position; raises :class:`PositionLimitReached` instead when the guard is hit. ``arrived``: when
+        a microphone frame's audio reached the host, if before it was handed over (``due``): its lateness counts from
+        then."""
         if self.in_flight is not None:
             raise RuntimeError("a position is already in flight")
         self.check_guard()
@@ -161,10 +172,11 @@ class Stage0Runner:
         position = Position(
             index=self.positions_run,
             kind=kind,
-            input=PositionInput(pcm=pcm, controls=controls, synthetic=kind.synthetic, ready=due),
+            input=PositionInput(pcm=pcm, controls=controls, synthetic=kind.synthetic, ready=due, arrived=arrived),
             transport_frame=transport_frame,
             due=due,
             started=now,
+            arrived=arrived,
         )
         self.positions_run += 1
         self.in_flight = position
@@ -183,7 +195,7 @@ class Stage0Runner:
         timings = result.timings if result is not None else None
         late_ms = timings.late_ms if timings is not None else None
         if late_ms is None:
-            late_ms = max(0.0, (position.started - position.due) * 1000.0)
+            late_ms = max(0.0, (position.started - position.late_from) * 1000.0)
         held_ms = timings.held_ms if timings is not None else 0.0
         return StepMetrics(
             frame=position.index,

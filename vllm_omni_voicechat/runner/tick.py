@@ -17,7 +17,8 @@ The slot runs from when the tick opened (its first member joined), so positions 
 still share a forward. The hold is policy, not lateness. Each release says when the policy meant to release it (``due``: when every
 member's position was ready, capped at the slot), so a host can tell the wait it chose (``held_ms``: joined ->
 released, at most the slot) from positions that queued because the engine fell behind (``late_ms``: released
-after the later of ``due`` and the member's own ready time, ``due`` capped at a slot after that ready time).
+after the later of ``due`` and the member's own ready time, both counted from when its audio reached the host if
+that was earlier, and ``due`` capped at a slot after it).
 
 Pure: no clock and no threads; every method takes ``now`` (seconds on one monotonic timeline). The engine's host
 (``omni/batching.py``) blocks each session's position until its tick is released and submits the tick's positions
@@ -50,6 +51,13 @@ class Member:
     """When the position could have run (its frame arrived, its pacing allowed it)."""
     joined: float
     """When it joined the tick (later than ``ready`` when its session's previous position was still running)."""
+    arrived: float | None = None
+    """When its audio reached the host, if before ``ready`` (the host handed it over only after the session's
+    position in flight): lateness counts from then. None: ``ready``."""
+
+    @property
+    def late_from(self) -> float:
+        return self.ready if self.arrived is None else min(self.arrived, self.ready)
 
 
 @record
@@ -79,8 +87,9 @@ class Release:
         """How far past its own due ``member`` was released: the engine, not the policy, held it up. Its due is the
         tick's, but never more than a slot after its own position was ready: a position that queued behind its
         session's previous one is late by that wait even when it shares a tick with sessions that are on time."""
-        due = min(self.due, member.ready + self.slot)
-        return max(0.0, self.at - max(member.ready, due)) * 1000.0
+        since = member.late_from
+        due = min(self.due, since + self.slot)
+        return max(0.0, self.at - max(since, due)) * 1000.0
 
 
 class EngineTick:
@@ -120,14 +129,15 @@ class EngineTick:
 
     # --- positions ------------------------------------------------------------------------------------------
 
-    def join(self, key: Hashable, ready: float, now: float) -> Release | None:
+    def join(self, key: Hashable, ready: float, now: float, *, arrived: float | None = None) -> Release | None:
         """``key``'s next position joins the open tick (opening one if none is); the release when this completes it
-        or its slot has already ended."""
+        or its slot has already ended. ``arrived``: when its audio reached the host, if before ``ready`` (lateness
+        only: the policy paces sessions by ``ready``)."""
         if key not in self._live:
             raise StateError(f"session {key!r} joined the tick without entering it")
         if key in self._open:
             raise StateError(f"session {key!r} already holds a position in tick {self.ticks}")
-        self._open[key] = Member(key, min(ready, now), now)
+        self._open[key] = Member(key, min(ready, now), now, None if arrived is None else min(arrived, ready, now))
         if now >= self._slot_end():  # joined after its slot ended: nothing was held for the policy
             return self._release(now, ReleaseReason.SLOT, self._all_ready())
         return self._release_if_complete(now)

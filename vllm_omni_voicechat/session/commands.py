@@ -29,8 +29,9 @@ class AppendAudio(Command):
     wire_bytes: int = 0
     """Size of the client message that carried it (bounds the deferred FIFO); 0 when unknown."""
     arrived: float | None = None
-    """When the host read the message that carried it: its frames are ready from then, so a wait for the position
-    in flight before the host could hand it over counts as lateness (None: when it is received)."""
+    """When the host read the message that carried it: its frames are late from then, so a wait for the position in
+    flight before the host could hand it over counts as lateness (None: when it is received). Pacing still counts
+    from when it is received."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -316,7 +316,8 @@ class SessionCore:
                     due = min(due, functions.cycle.deadline)  # type: ignore[union-attr]  # the tool wait fires on time
                 return Tick(self._drain(), wake_at=due)
             try:
-                position = self.runner.begin(plan.kind, plan.pcm, plan.controls, plan.transport_frame, now, due)
+                position = self.runner.begin(plan.kind, plan.pcm, plan.controls, plan.transport_frame, now, due,
+                                             plan.arrived)
             except PositionLimitReached as limit:
                 self._fatal_position_limit(limit)
                 break
@@ -528,7 +529,8 @@ class SessionCore:
             work.popleft()
             match item:
                 case MicFrame():
-                    return procs.frame(self, PositionKind.REAL, item.pcm, item.transport_frame, item.loud, item.ready)
+                    return procs.frame(self, PositionKind.REAL, item.pcm, item.transport_frame, item.loud, item.ready,
+                                       item.arrived)
                 case TailPadding():
                     return procs.frame(self, PositionKind.COMMIT_PADDING, item.pcm, item.transport_frame,
                                        ready=item.ready)

@@ -21,8 +21,10 @@ class MicFrame:
     transport_frame: int
     loud: bool
     ready: float = 0.0
-    """When it could run: its arrival, or the gate's release for a pre-roll frame (a position starting >= 40 ms
-    after it is late: step queueing)."""
+    """When it could run: when it was handed to the session, or the gate's release for a pre-roll frame."""
+    arrived: float | None = None
+    """When its audio reached the host, if earlier than ``ready`` (it waited for the position in flight): lateness
+    counts from then (a position starting >= 40 ms after it is late: step queueing). None: ``ready``."""
 
 
 class InputGate:
@@ -43,8 +45,8 @@ class InputGate:
         self._held: deque[MicFrame] = deque(maxlen=preroll_frames)
         self._loud_run = 0
 
-    def classify(self, pcm: bytes, transport_frame: int, now: float = 0.0) -> MicFrame:
-        return MicFrame(pcm, transport_frame, dbfs(pcm) >= self.threshold_dbfs, now)
+    def classify(self, pcm: bytes, transport_frame: int, now: float = 0.0, arrived: float | None = None) -> MicFrame:
+        return MicFrame(pcm, transport_frame, dbfs(pcm) >= self.threshold_dbfs, now, arrived)
 
     def offer(self, frame: MicFrame) -> list[MicFrame] | None:
         """Pass a frame through: the frames to run now, or None when the gate held it."""
@@ -65,7 +67,8 @@ class InputGate:
         first_loud = next((i for i, f in enumerate(held) if f.loud), None)
         if first_loud is not None:
             held = held[max(0, first_loud - self.onset_context) :]
-        return [MicFrame(f.pcm, f.transport_frame, f.loud, now) for f in held]
+        # A pre-roll frame is ready (and late) from its release; the frame that opened the gate keeps its arrival.
+        return [MicFrame(f.pcm, f.transport_frame, f.loud, now, f.arrived if f.ready == now else None) for f in held]
 
     def clear(self) -> None:
         """Drop the pre-roll (typed input accepted)."""

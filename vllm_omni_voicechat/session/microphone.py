@@ -33,11 +33,12 @@ class Microphone:
             return False  # the cheap bound: the queue holds at least its frames
         return self._work.audio_frames() + incoming // INPUT_FRAME_BYTES > limit
 
-    def push(self, pcm: bytes, now: float) -> list[tuple[MicFrame, int]]:
-        """Queue the complete frames the gate lets through; the frames it held, each with the pre-roll size."""
+    def push(self, pcm: bytes, now: float, arrived: float | None = None) -> list[tuple[MicFrame, int]]:
+        """Queue the complete frames the gate lets through; the frames it held, each with the pre-roll size.
+        ``arrived``: when the audio reached the host, if before ``now``."""
         gate, held = self.gate, []
         for chunk in self.assembler.push(pcm):
-            frame = gate.classify(chunk, self._transport_frames, now)
+            frame = gate.classify(chunk, self._transport_frames, now, arrived)
             self._transport_frames += 1
             released = gate.offer(frame)
             if released is None:

@@ -45,6 +45,8 @@ class Plan:
     transport_frame: int | None = None
     ready: float | None = None
     """A microphone frame's ready time (``MicFrame.ready``): it is due from then."""
+    arrived: float | None = None
+    """When a microphone frame's audio reached the host (``MicFrame.arrived``): it is late from then."""
 
 
 Procedure = Generator[Plan, StepResult, list[Command] | None]
@@ -54,9 +56,9 @@ Procedure = Generator[Plan, StepResult, list[Command] | None]
 # ================================================================ microphone audio
 
 def frame(core: SessionCore, kind: PositionKind, pcm: bytes, transport_frame: int | None, loud: bool = False,
-          ready: float | None = None) -> Procedure:
+          ready: float | None = None, arrived: float | None = None) -> Procedure:
     conv = core.conversation
-    result = yield Plan(kind, pcm, NO_CONTROLS, transport_frame, ready)
+    result = yield Plan(kind, pcm, NO_CONTROLS, transport_frame, ready, arrived)
     if not core.model_turns:
         conv.publish(core, result)
         return

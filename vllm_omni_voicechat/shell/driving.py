@@ -44,8 +44,8 @@ class Driven(Protocol):
 
     def receive(self, message: Any, now: float, arrived: float | None = None) -> Outputs:
         """A client input: a command for a bare core, a raw frame (text or bytes) for a wire session. ``arrived``:
-        when the host read it, if earlier than ``now`` (it waited for the position in flight): the audio in it was
-        ready from then."""
+        when the host read it, if earlier than ``now`` (it waited for the position in flight): the audio in it is late
+        from then."""
         ...
 
     def poll(self, now: float) -> Tick: ...

@@ -32,8 +32,8 @@ class InputBuffer:
 
     def append(self, e: InputAudioBufferAppend, settings: SessionSettings, *,
                held: bool, arrived: float | None = None) -> AppendAudio | Refused | None:
-        """The core's command for an append (``held``: before the first prefill, it waits, and its audio is ready
-        when it is let through; ``arrived``: when the host read it); None when nothing goes to the core now."""
+        """The core's command for an append (``held``: before the first prefill, it waits, and its audio is late only
+        from when it is let through; ``arrived``: when the host read it); None when nothing goes to the core now."""
         if e.audio is None:
             return None  # video frames only: accepted and ignored
         self.last_append_event_id = e.event_id

@@ -145,7 +145,7 @@ class V3Session(WireSession):
             return []
         self._last_message_at = now
         if self._held or self.at_barrier:
-            self._held.append(message)  # its audio is ready once the barrier lets it through (the protocol's wait)
+            self._held.append(message)  # late only from when the barrier lets it through (the protocol's wait)
             return []
         return self._receive(message, now, arrived)
 
