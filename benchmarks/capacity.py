@@ -11,8 +11,8 @@ the client) in real time: one 80 ms append per session on an absolute schedule, 
 A trial: connect and configure every session (staggered), stream for ``--warmup`` seconds (not judged), then
 judge a steady-state window of ``--window`` seconds (turn starts, pre-roll bursts, typed and tool turns all fall
 inside it). In the window, from the server (``/v1/usage`` deltas): positions, **late** positions (started 40 ms
-or more after they could run: a microphone frame from when the session read it, a pre-roll frame from its
-release; step queueing), **late inbox** messages (a client message read 40 ms or more after it arrived: loop lag),
+or more after they could run: a microphone frame from when the server read it off the socket, a pre-roll frame
+from its release; step queueing and loop lag), **late inbox** messages (a client message read 40 ms or more after it arrived: loop lag),
 **over-budget** ones (a step > 80 ms); for v3 also from the client: each position's ``voicechat.metrics`` arriving
 > 80 ms after the client sent its frame (**delivery**: the loop or the transport fell behind, end to end). A
 loop-lag probe times ``/health`` round trips. A trial passes with zero late, late-inbox, over-budget and
