@@ -675,6 +675,21 @@ def test_microphone_input_during_a_cycle_is_held_and_replayed_in_order_after_app
     assert not errors(h.events)
 
 
+def test_microphone_input_held_by_a_cycle_is_late_only_from_its_replay():
+    """The cycle holds client input by design: a held frame is late from its replay, not from when the host read it
+    (``AppendAudio.arrived``), however long the cycle took."""
+    h = Harness()
+    _open_cycle(h)
+    now = h.d.clock.now
+    h.d.dispatch(h.core.receive(StartTurn(2, "s2"), now))
+    h.d.dispatch(h.core.receive(AppendAudio(render_speech("hello"), client_event_id="a2"), now, arrived=now - 0.5))
+    h.d.dispatch(h.core.receive(CommitTurn(2, "c2"), now))
+    h.run_answering()
+    late = [m.turn_state["late_ms"] for m in metrics(h.events, "real")]
+    assert late and max(late) < 100.0  # the replayed frames queue behind each other, 1 ms a step here
+    assert not errors(h.events)
+
+
 def test_held_input_is_replayed_after_a_failed_call_too():
     h = Harness(function_call_timeout_s=1.0)
     cid = _open_cycle(h)

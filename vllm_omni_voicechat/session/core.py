@@ -272,6 +272,8 @@ class SessionCore:
         functions = self.functions
         try:
             if functions.cycle is not None and functions.holds(command):
+                if type(command) is AppendAudio and command.arrived is not None:
+                    command = dataclasses.replace(command, arrived=None)  # held by design: late from its replay
                 functions.defer(self, command)
             else:
                 self._dispatch(command)
