@@ -137,7 +137,7 @@ class EngineTick:
             raise StateError(f"session {key!r} joined the tick without entering it")
         if key in self._open:
             raise StateError(f"session {key!r} already holds a position in tick {self.ticks}")
-        self._open[key] = Member(key, min(ready, now), now, None if arrived is None else min(arrived, ready, now))
+        self._open[key] = Member(key, min(ready, now), now, arrived)
         if now >= self._slot_end():  # joined after its slot ended: nothing was held for the policy
             return self._release(now, ReleaseReason.SLOT, self._all_ready())
         return self._release_if_complete(now)

@@ -33,8 +33,7 @@ def append(core: SessionCore, cmd: AppendAudio) -> None:
                         "audio refused (send in real time)", False, cmd.client_event_id,
                         {"max_queued_input_frames": limit}))
         return
-    arrived = None if cmd.arrived is None else min(cmd.arrived, core.now)
-    for frame, preroll in core.microphone.push(cmd.pcm, core.now, arrived):
+    for frame, preroll in core.microphone.push(cmd.pcm, core.now, cmd.arrived):
         core.conversation.emit_gated_metrics(frame, preroll)
 
 

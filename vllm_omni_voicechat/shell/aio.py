@@ -345,8 +345,6 @@ class SessionShell:
             self._room.set()  # a finished barrier may have released held frames
         elif isinstance(item, _Wake):
             pass  # the loop polls again
-        elif arrived is None:
-            await self._dispatch(self.core.receive(item, now))
         else:
             await self._dispatch(self.core.receive(item, now, arrived))
 

@@ -283,7 +283,8 @@ class V3Session(WireSession):
         append = parser.append(env)
         if isinstance(append, parser.Refused):
             return [self._refused(append)]
-        return self._project(self.core.receive(AppendAudio(append.pcm, append.event_id, self._wire_bytes, arrived), now), now)
+        command = AppendAudio(append.pcm, append.event_id, self._wire_bytes, arrived)
+        return self._project(self.core.receive(command, now), now)
 
     def _barrier(self, env: parser.Envelope, now: float) -> list[V3Output]:
         if self.core.model_turns:  # the model owns turns: there are no client barriers
