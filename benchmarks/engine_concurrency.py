@@ -16,7 +16,9 @@ steady state is measured:
   (``stage0_batch``, and ``perceived_with``: how many frames its perception was encoded with), and every stage from
   our stage schedulers' log (cumulative counts logged at most every 2 s: the window's edges are as precise as that).
 
-``--slots 40 0`` runs the engine once per tick slot (0: no batching) with everything else as deployed.
+``--slots 40 0`` runs the engine once per tick slot (0: no batching) with everything else as deployed;
+``--audio-lags 1 2`` once per Stage-2 lag (``voicechat.audio_lag_positions``: step N returns position N - L's audio,
+so a position waits for Stage 2 only L positions back) for each slot.
 ``--server-root DIR --env KEY=VALUE ...`` serves another checkout's code with its own CPU deploy YAML and environment
 (the code before a change, for a before/after in one hour; its YAML gets only the session count). Run in the engine
 venv (scripts/install_omni_cpu.sh VENV --engine):
@@ -69,6 +71,7 @@ class Stats:
         self.late = 0
         self.over_budget = 0
         self.step_ms: list[float] = []
+        self.inference_ms: list[float] = []
         self.held_ms: list[float] = []
         self.e2e_ms: list[float] = []
         self.late_ms: list[float] = []
@@ -117,6 +120,7 @@ async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
                     kind = ts.get("kind", "?")
                     stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
                     stats.step_ms.append(m["server_step_ms"])
+                    stats.inference_ms.append(m.get("inference_ms") or 0.0)
                     late = ts.get("late_ms") or 0.0
                     stats.late_ms.append(late)
                     if late >= LATE_MS:
@@ -137,7 +141,8 @@ async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
                     if sent is not None:
                         stats.e2e_ms.append((now - sent) * 1000.0)
                     stats.trace.append({"session": index, "at_s": round(now - w0, 4), "frame": m.get("frame"),
-                                        "kind": kind, "step_ms": m["server_step_ms"], "late_ms": late,
+                                        "kind": kind, "step_ms": m["server_step_ms"],
+                                        "inference_ms": m.get("inference_ms"), "late_ms": late,
                                         "e2e_ms": None if sent is None else round((now - sent) * 1000.0, 2),
                                         "model": model})
                     continue
@@ -226,7 +231,8 @@ def trial(server, n: int, args: argparse.Namespace) -> dict:
     if args.trace is not None:
         with args.trace.open("a") as out:
             for row in sorted(stats.trace, key=lambda r: r["at_s"]):
-                out.write(json.dumps({"slot_ms": args.slot_now, "sessions": n, **row}) + "\n")
+                out.write(json.dumps({"slot_ms": args.slot_now, "audio_lag": args.lag_now, "sessions": n, **row})
+                          + "\n")
     window_s = args.window
     cpu = {role: marks["w1"]["cpu"].get(role, 0.0) - marks["w0"]["cpu"].get(role, 0.0) for role in marks["w1"]["cpu"]}
     total_cpu = sum(cpu.values())
@@ -247,6 +253,7 @@ def trial(server, n: int, args: argparse.Namespace) -> dict:
         "error_count": len(stats.errors),
         "kinds": stats.kinds,
         "step_ms": spread(stats.step_ms),
+        "inference_ms": spread(stats.inference_ms),
         "e2e_ms": spread(stats.e2e_ms),
         "late_ms": spread(stats.late_ms),
         "held_ms": spread(stats.held_ms),
@@ -260,7 +267,8 @@ def trial(server, n: int, args: argparse.Namespace) -> dict:
     }
 
 
-def derived_deploy(path: Path, slot_ms: float | None, max_sessions: int, root: Path | None = None) -> Path:
+def derived_deploy(path: Path, slot_ms: float | None, max_sessions: int, root: Path | None = None,
+                   audio_lag: int | None = None) -> Path:
     import yaml
 
     from vllm_omni_voicechat.omni.local_server import CPU_DEPLOY
@@ -269,6 +277,8 @@ def derived_deploy(path: Path, slot_ms: float | None, max_sessions: int, root: P
     deploy = yaml.safe_load(source.read_text())
     if slot_ms is not None:
         deploy["voicechat"]["tick_slot_ms"] = slot_ms
+    if audio_lag is not None:
+        deploy["voicechat"]["audio_lag_positions"] = audio_lag
     # a whole trial in one session: 80 s at up to ~16 positions a second (Stage 0's request: the guard + a prompt;
     # the talker's still fits: 37 + 3 x 2,000 <= the CPU YAML's Stage-1 max_model_len)
     deploy["voicechat"]["max_session_model_frames"] = max(2000, deploy["voicechat"].get("max_session_model_frames", 0))
@@ -316,6 +326,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds before the window (default 10)")
     parser.add_argument("--slots", type=float, nargs="+", default=[40.0, 0.0],
                         help="tick slots in ms, one engine each (default 40 0; 0 = no batching)")
+    parser.add_argument("--audio-lags", type=int, nargs="+", default=[None],
+                        help="Stage-2 lags in positions, one engine each per slot (default: the deploy YAML's)")
     parser.add_argument("--spread", action="store_true", help="spread the sessions' phases across one frame")
     parser.add_argument("--server-root", type=Path, help="serve this checkout's code (and its CPU deploy YAML)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="server environment")
@@ -334,7 +346,7 @@ def main() -> int:
         return 2
     report: dict = {"machine": machine_info(), "timestamp": now_utc(), "late_ms": LATE_MS, "budget_ms": BUDGET_MS,
                     "parameters": {"sessions": args.sessions, "window_s": args.window, "warmup_s": args.warmup,
-                                   "slots_ms": args.slots, "spread": args.spread,
+                                   "slots_ms": args.slots, "audio_lags": args.audio_lags, "spread": args.spread,
                                    "server_root": str(args.server_root) if args.server_root else None,
                                    "env": args.env}, "series": []}
     extra_env = dict(item.split("=", 1) for item in args.env)
@@ -344,20 +356,21 @@ def main() -> int:
         extra_env["PYTHONPATH"] = os.pathsep.join([str(args.server_root.resolve()), os.environ.get("PYTHONPATH", "")])
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = make_tiny_checkpoint(Path(tmp) / "tiny")
-        for slot in args.slots:
-            logs = Path(tmp) / f"slot{slot:g}"
+        for index, (slot, lag) in enumerate((slot, lag) for slot in args.slots for lag in args.audio_lags):
+            logs = Path(tmp) / f"{index}-slot{slot:g}-lag{lag}"
             logs.mkdir()
-            series: dict = {"slot_ms": slot, "trials": []}
+            series: dict = {"slot_ms": slot, "audio_lag": lag, "trials": []}
             deploy = derived_deploy(logs / "deploy.yaml", slot if args.server_root is None else None,
-                                    max(args.sessions), args.server_root)
-            args.slot_now = slot
+                                    max(args.sessions), args.server_root, lag)
+            args.slot_now, args.lag_now = slot, lag
             with engine_server(checkpoint, logs, deploy=deploy, extra_env=extra_env) as server:
                 series["startup_s"] = round(server.started_s, 1)
                 for n in args.sessions:
                     result = trial(server, n, args)
                     series["trials"].append(result)
-                    print(f"slot {slot:g} ms, {n} sessions: {result['positions']} positions, late {result['late']}, "
-                          f"step p50/p99 {result['step_ms']['p50']}/{result['step_ms']['p99']} ms, e2e p50/p99 "
+                    print(f"slot {slot:g} ms, lag {lag}, {n} sessions: {result['positions']} positions, "
+                          f"late {result['late']}, step p50/p99 {result['step_ms']['p50']}/{result['step_ms']['p99']} "
+                          f"ms, inference p50 {result['inference_ms']['p50']} ms, e2e p50/p99 "
                           f"{result['e2e_ms']['p50']}/{result['e2e_ms']['p99']} ms, "
                           f"{result['cpu_ms_per_session_position']} CPU ms per session-position "
                           f"({result['server_cpu_cores']} cores), stage-0 forwards {result['stage0_forwards_by_requests']}"
@@ -366,13 +379,14 @@ def main() -> int:
             series["shutdown_s"] = round(server.stop_s or 0.0, 1)
             report["series"].append(series)
 
-    rows = [("tick", "sessions", "positions", "late", "over 80", "step p50/p99", "e2e p50/p99", "held p50/max",
+    rows = [("tick", "lag", "sessions", "positions", "late", "over 80", "step p50/p99", "e2e p50/p99", "held p50/max",
              "CPU ms/pos", "api/s0/s1/s2", "stage-0 forwards by requests", "stage 1", "stage 2")]
     for series in report["series"]:
         for r in series["trials"]:
             by = r["cpu_ms_per_session_position_by_process"]
             logged = r["logged_forwards_by_requests"]
-            rows.append((f"{series['slot_ms']:g} ms" if series["slot_ms"] else "off", str(r["sessions"]),
+            rows.append((f"{series['slot_ms']:g} ms" if series["slot_ms"] else "off", str(series.get("audio_lag")),
+                         str(r["sessions"]),
                          str(r["positions"]), str(r["late"]), str(r["over_budget"]),
                          f"{r['step_ms']['p50']}/{r['step_ms']['p99']}", f"{r['e2e_ms']['p50']}/{r['e2e_ms']['p99']}",
                          f"{r['held_ms']['p50']}/{r['held_ms']['max']}", str(r["cpu_ms_per_session_position"]),
@@ -386,7 +400,8 @@ def main() -> int:
     for series in report["series"]:
         by_n = {r["sessions"]: r["cpu_ms_per_session_position"] for r in series["trials"]}
         if 1 in by_n and by_n[1]:
-            ratios[f"slot_{series['slot_ms']:g}"] = {f"{n}_over_1": round(v / by_n[1], 3) for n, v in by_n.items()
+            key = f"slot_{series['slot_ms']:g}" + (f"_lag_{series['audio_lag']}" if series.get("audio_lag") else "")
+            ratios[key] = {f"{n}_over_1": round(v / by_n[1], 3) for n, v in by_n.items()
                                                      if v is not None and n != 1}
     report["cpu_per_position_ratios"] = ratios
     print("CPU per session-position, N sessions over 1:", json.dumps(ratios))
