@@ -243,6 +243,9 @@ def test_deploy_yaml_is_the_in_tree_streaming_duplex_merge_plus_our_changes():
         upstream,
         pipeline=PIPELINE_KEY,
         active_stream_window=sessions,
+        # the chunks between stages through our connector: vLLM-Omni's shared-memory one, received without polling
+        connectors={name: {**spec, "name": "VoiceChatSharedMemoryConnector"}
+                    for name, spec in upstream.connectors.items()},
         # our server owns idle policy and runs its own warmup (vLLM-Omni's would hit our routes)
         duplex_session=dataclasses.replace(upstream.duplex_session, max_sessions=sessions, idle_ttl_s=None,
                                            warmup_frames=0),

@@ -90,6 +90,15 @@ def register() -> bool:
     except Exception:
         logger.warning("could not register the voicechat codec architecture", exc_info=True)
 
+    try:
+        # Our chunk connector between stages (vLLM-Omni's shared-memory one, received without polling; the deploy
+        # YAMLs name it), in every process that builds connectors; idempotent.
+        from .connector import register_connector
+
+        register_connector()
+    except Exception:
+        logger.warning("could not register the voicechat chunk connector", exc_info=True)
+
     if PIPELINE_KEY in OMNI_PIPELINES:
         # Ours from an earlier call (the other group, a stage process re-run) or someone else's: leave it alone.
         return False
