@@ -78,27 +78,56 @@ def test_a_chunk_put_by_the_parent_connector_is_got_with_its_payload(ends):
     assert receiver.get("0", "1", k) is None  # consumed: the segment is gone
 
 
-# vLLM-Omni's adapter passes the sender's address when the request carries one; the parent then looks up by key
-@pytest.mark.parametrize("meta", [None, {"source_host": "127.0.0.1", "source_port": 50151}])
-def test_a_repeated_miss_waits_for_a_write_and_a_write_ends_the_wait_for_every_key(ends, asks, monkeypatch, meta):
-    sender, receiver = ends
-    waits: list[float] = []
+@pytest.fixture
+def waits(monkeypatch):
+    """Each wait a get makes, ended at once as after RECHECK_S with nothing written meanwhile."""
+    made: list[float] = []
     real_wait = ShmWrites.wait
+    monkeypatch.setattr(mod, "RECHECK_S", 0.0)
 
     def recorded(self, timeout_s):
-        waits.append(timeout_s)
-        return real_wait(self, 0.0)  # nothing is written meanwhile: as after RECHECK_S
+        made.append(timeout_s)
+        return real_wait(self, 0.0)
 
     monkeypatch.setattr(ShmWrites, "wait", recorded)
+    return made
+
+
+# vLLM-Omni's adapter passes the sender's address when the request carries one; the parent then looks up by key
+@pytest.mark.parametrize("meta", [None, {"source_host": "127.0.0.1", "source_port": 50151}])
+def test_a_repeated_miss_waits_and_a_write_ends_the_wait_of_its_own_key(ends, asks, waits, meta):
+    sender, receiver = ends
     a, b = key(), key()
     assert receiver.get("0", "1", a, meta) is None and receiver.get("0", "1", b, meta) is None
-    assert (asks, waits) == ([a, b], [])  # a first miss looks at once
+    assert (asks, len(waits)) == ([a, b], 0)  # a first miss looks at once
     assert receiver.get("0", "1", a, meta) is None
-    assert (asks, waits) == ([a, b, a], [mod.RECHECK_S])  # a repeated one waits first (then looks anyway)
+    assert (asks, len(waits)) == ([a, b, a], 1)  # a repeated one waits first (then looks anyway)
     sender.put("0", "1", b, "chunk")
-    got = receiver.get("0", "1", a, meta), receiver.get("0", "1", b, meta)
-    assert got[0] is None and got[1][0] == "chunk"
-    assert (asks[3:], waits) == ([a, b], [mod.RECHECK_S])  # the write cleared the misses: no wait for either
+    assert receiver.get("0", "1", a, meta) is None  # b's write drained: not a's, but new for us: the round goes on
+    assert receiver.get("0", "1", b, meta)[0] == "chunk"  # and reaches b at once
+    assert (asks[3:], len(waits)) == ([a, b], 1)
+    assert receiver.get("0", "1", a, meta) is None  # our own read of b is nothing new: a waits again
+    assert (asks[5:], len(waits)) == ([a], 2)
+    sender.put("0", "1", a, "mine")
+    assert receiver.get("0", "1", a, meta)[0] == "mine"
+    assert (asks[6:], len(waits)) == ([a], 2)
+
+
+def test_a_chunk_for_another_stage_or_a_file_that_is_no_chunk_ends_no_wait(ends, asks, waits):
+    sender, receiver = ends
+    a, other = key(), key().replace("_0_0", "_1_0")  # <request>_<from stage>_<chunk>: Stage 1's, for Stage 2
+    assert receiver.get("0", "1", a) is None
+    sender.put("1", "2", other, "not ours")
+    with open(f"{mod.SHM_DIR}/vctest_{uuid.uuid4().hex[:8]}.tmp", "wb") as f:
+        f.write(b"x")
+    try:
+        assert receiver.get("0", "1", a) is None
+        assert (asks, len(waits)) == ([a, a], 1)
+    finally:
+        sender.cleanup(other)
+        import os
+
+        os.remove(f.name)
 
 
 def test_a_waiting_get_wakes_when_its_chunk_is_written(ends, monkeypatch):
@@ -114,13 +143,13 @@ def test_a_waiting_get_wakes_when_its_chunk_is_written(ends, monkeypatch):
     assert not waiting.is_alive() and got[0][0] == b"audio"
 
 
-def test_only_a_closed_chunk_lock_file_counts_as_a_written_chunk(tmp_path):
+def test_only_a_closed_chunk_lock_file_counts_as_a_written_chunk_and_names_its_key(tmp_path):
     writes = ShmWrites(str(tmp_path))
     try:
         (tmp_path / "other.bin").write_bytes(b"x")
-        assert writes.drain() is False
-        (tmp_path / "shm_k_0_0_lockfile.lock").write_bytes(b"")
-        assert writes.drain() is True and writes.drain() is False
+        assert writes.drain() == set()
+        (tmp_path / "shm_req-1_0_3_lockfile.lock").write_bytes(b"")
+        assert writes.drain() == {"req-1_0_3"} and writes.drain() == set()
     finally:
         writes.close()
 
@@ -132,6 +161,12 @@ def test_a_get_of_a_named_segment_never_waits(ends, asks, monkeypatch):
     handle = {"shm": {"name": k, "size": 1}}
     assert receiver.get("0", "1", k, handle) is None and receiver.get("0", "1", k, {k: handle}) is None
     assert asks == [k, k]
+
+
+def test_a_watch_closed_under_a_wait_ends_the_wait(tmp_path):
+    writes = ShmWrites(str(tmp_path))
+    writes.close()
+    assert writes.drain() is None and writes.wait(600.0) is None  # look at every key
 
 
 def test_without_inotify_it_polls_like_the_parent(ends, asks, monkeypatch, caplog):
