@@ -154,6 +154,16 @@ def test_only_a_closed_chunk_lock_file_counts_as_a_written_chunk_and_names_its_k
         writes.close()
 
 
+def test_misses_are_remembered_up_to_a_bound(ends, asks, waits, monkeypatch):
+    _, receiver = ends
+    monkeypatch.setattr(mod, "MAX_MISSED", 2)
+    a, b, c = key(), key(), key()
+    for k in (a, b, c):  # a and b are left by requests that ended; the third miss forgets them
+        assert receiver.get("0", "1", k) is None
+    assert receiver.get("0", "1", a) is None and len(waits) == 0  # looked at once, as a first miss
+    assert receiver.get("0", "1", c) is None and len(waits) == 1
+
+
 def test_a_get_of_a_named_segment_never_waits(ends, asks, monkeypatch):
     sender, receiver = ends
     monkeypatch.setattr(ShmWrites, "wait", lambda self, timeout_s: pytest.fail("waited"))

@@ -36,6 +36,8 @@ CONNECTOR_NAME = "VoiceChatSharedMemoryConnector"
 SHM_DIR = "/dev/shm"
 RECHECK_S = 0.01
 """The longest a repeated miss waits for a new write before asking again anyway."""
+MAX_MISSED = 4096
+"""Misses remembered at most (a request that ends while waiting leaves its key; forgetting one costs one look)."""
 LOCK_PREFIX, LOCK_SUFFIX = b"shm_", b"_lockfile.lock"
 """A chunk's lock file (``shm_<key>_lockfile.lock``): its sender closes it once the segment is written."""
 
@@ -125,6 +127,7 @@ class VoiceChatSharedMemoryConnector(SharedMemoryConnector):
         missed (it is no longer a miss) or a key not asked for yet (a request the adapter began receiving)."""
         if keys is None:
             self._missed.clear()
+            self._got.clear()
             return True
         ours = {k for k in keys if k.rsplit("_", 2)[-2:-1] == [from_stage]}  # <request>_<from stage>_<chunk>
         fresh = ours - self._got  # our own read of a chunk closes its lock file too
@@ -145,6 +148,8 @@ class VoiceChatSharedMemoryConnector(SharedMemoryConnector):
         result = super().get(from_stage, to_stage, get_key, metadata)
         if writes is not None:
             if result is None:
+                if len(self._missed) >= MAX_MISSED:  # keys of requests that ended before their chunk: forget them
+                    self._missed.clear()
                 self._missed.add(get_key)
             else:
                 self._missed.discard(get_key)
