@@ -4,7 +4,7 @@ vLLM-Omni's chunk adapter receives on a thread of its own: every round it asks t
 each request that waits for one, and when none was there it waits 1 ms and asks again
 (``transfer_adapter/base.py:79-82`` in 0.30.0). Each miss of ``SharedMemoryConnector`` opens a shared-memory segment
 that does not exist yet, so while sessions are open Stages 1 and 2 each ask ~1,000 times a second per waiting
-request (``benchmarks/engine_idle.py``: 0.065 cores per stage with four idle sessions).
+request (``benchmarks/engine_idle.py``: ~0.07 cores per stage with four idle sessions).
 
 ``VoiceChatSharedMemoryConnector`` is that connector (same segments, same lock files, same payloads) with one
 change to ``get``: once it has asked for a key and found nothing, it asks again only after a chunk from the same
