@@ -179,3 +179,19 @@ def test_clear_drops_an_open_turn_and_queued_audio():
     d.send(CommitInput("c"))
     d.run()
     assert protocol(d.events) == [("ListenDecision", None, "silence_or_noise", "c")]
+
+
+def test_a_commits_settlement_takes_the_quiet_frames_queued_behind_it():
+    d = model_session(settlement_blank_frames=4)
+    d.core.auto_eou = False
+    d.send(AppendAudio(render_speech("Hello") + SILENCE_FRAME * 1))
+    d.run()
+    d.events.clear()
+    d.send(CommitInput("c1"))
+    d.send(AppendAudio(SILENCE_FRAME * 2))
+    d.run(max_positions=4)  # the speech's partial last frame, zero-padded, then the settlement
+    settling = [(m.kind, m.input_audio, m.turn_state.get("settlement_input_source")) for m in metrics(d.events)]
+    assert settling == [("commit_tail_padding", True, None), *[("settlement", True, "queued_microphone_audio")] * 2,
+                        ("settlement", False, "zero")]
+    d.run()
+    assert "ResponseCreated" in names(d.events)

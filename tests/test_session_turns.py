@@ -9,6 +9,9 @@ from vllm_omni_voicechat.ops.tally import SessionTally
 from vllm_omni_voicechat.session.events import Error, PositionMetrics, SessionClosed
 from vllm_omni_voicechat.sim.model import SimBehaviour
 
+from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
+from vllm_omni_voicechat.session.events import AudioDelta
+
 from .helpers import LOUD_NOISE_FRAME, SILENCE_FRAME, R, T, audio, metrics, names, protocol, session
 
 TOOLS = (ToolSpec("get_weather", "Weather for a city", {"type": "object", "properties": {"city": {"type": "string"}}}),)
@@ -462,3 +465,99 @@ def test_the_preroll_is_late_only_from_its_release_and_the_commit_padding_from_t
     d.clock.advance(1.0)
     d.send(CommitTurn(1, "c1"))  # the partial frame runs zero-padded: ready at the commit
     assert late_ms(d.run(advance_time=False), "commit_tail_padding") == [0.0]
+
+
+# --- quiet audio queued after the commit feeds the settlement (contract section 7) ----------------------------------
+
+QUIET_FRAME = bytes([0x10, 0x00] * (INPUT_FRAME_BYTES // 2))  # constant 16: about -66 dBFS, below the -40 dBFS gate
+
+
+def settlement_view(events) -> list[tuple]:
+    return [(m.kind, m.transport_frame, m.input_audio, m.turn_state.get("settlement_input_source"))
+            for m in metrics(events)]
+
+
+def test_quiet_frames_sent_after_the_commit_feed_the_settlement_instead_of_zeros():
+    d = session(settlement_blank_frames=3)
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(LOUD_NOISE_FRAME))  # transport frame 0
+    d.send(CommitTurn(1, "c1"))
+    d.send(AppendAudio(QUIET_FRAME * 2))  # frames 1 and 2, queued behind the commit
+    events = d.run(advance_time=False)
+    assert settlement_view(events)[:4] == [
+        ("real", 0, True, None),
+        ("settlement", 1, True, "queued_microphone_audio"),
+        ("settlement", 2, True, "queued_microphone_audio"),
+        ("settlement", None, False, "zero"),  # nothing queued any more: zeros, BOS on the third as before
+    ]
+    # the frames ran once, inside the settlement: none is left to run after the response starts
+    assert [m.transport_frame for m in metrics(events, "real")] == [0]
+    assert names(events)[-4:] == ["TurnCommitted", "SpeechStopped", "TranscriptCompleted", "ResponseCreated"]
+
+
+def test_the_settlement_takes_the_same_positions_with_queued_quiet_audio_as_with_zeros():
+    runs = []
+    for after_commit in (b"", QUIET_FRAME * 5):
+        d = session(settlement_blank_frames=3)
+        d.events.clear()
+        spoken_turn(d, 1, "Hello world")
+        if after_commit:
+            d.send(AppendAudio(after_commit))
+        d.run()
+        runs.append((protocol(d.events), [m.kind for m in metrics(d.events)]))
+    (zeros, zero_kinds), (quiet, quiet_kinds) = runs
+    assert quiet == zeros  # the same turn, transcript and response
+    # the five frames replaced zeros: the same settlement positions, none run after it
+    assert quiet_kinds.count("settlement") == zero_kinds.count("settlement") == 3
+    assert quiet_kinds.count("real") == zero_kinds.count("real") + 2
+
+
+def test_speech_after_the_commit_ends_the_quiet_input_and_runs_after_the_response_starts():
+    d = session(settlement_blank_frames=3)
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(LOUD_NOISE_FRAME))  # 0
+    d.send(CommitTurn(1, "c1"))
+    d.send(AppendAudio(QUIET_FRAME + LOUD_NOISE_FRAME + QUIET_FRAME))  # 1 quiet, 2 speech, 3 quiet
+    events = d.run(advance_time=False)
+    view = settlement_view(events)
+    assert view[:5] == [
+        ("real", 0, True, None),
+        ("settlement", 1, True, "queued_microphone_audio"),
+        ("settlement", None, False, "zero"),  # speech at the head: never crossed
+        ("settlement", None, False, "zero"),
+        ("real", 2, True, None),  # after the BOS position, in order
+    ]
+    assert view[5] == ("real", 3, True, None)  # the quiet frame behind the speech is not taken either
+    created = [type(e).__name__ for e in events].index("ResponseCreated")
+    second_real = [i for i, e in enumerate(events) if isinstance(e, PositionMetrics) and e.transport_frame == 2][0]
+    assert created < second_real
+
+
+def test_the_settlement_never_crosses_a_barrier_queued_after_the_commit():
+    d = session(settlement_blank_frames=3)
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(LOUD_NOISE_FRAME))  # 0
+    d.send(CommitTurn(1, "c1"))
+    d.send(AppendAudio(QUIET_FRAME))  # 1: taken
+    d.send(StartTurn(2, "s2"))
+    d.send(AppendAudio(QUIET_FRAME))  # 2: behind the turn start, runs in turn 2
+    events = d.run(advance_time=False)
+    view = settlement_view(events)
+    assert view[:4] == [
+        ("real", 0, True, None),
+        ("settlement", 1, True, "queued_microphone_audio"),
+        ("settlement", None, False, "zero"),
+        ("settlement", None, False, "zero"),
+    ]
+    assert ("real", 2, True, None) in view[4:]
+
+
+def test_a_queued_frame_feeding_the_settlement_is_late_from_when_it_was_read():
+    d = session(settlement_blank_frames=3)
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(LOUD_NOISE_FRAME))
+    d.send(CommitTurn(1, "c1"))
+    d.dispatch(d.session.receive(AppendAudio(QUIET_FRAME), d.clock.now, arrived=d.clock.now - 0.05))
+    events = d.run(advance_time=False)
+    fed = [m for m in metrics(events, "settlement") if m.input_audio]
+    assert [m.turn_state["late_ms"] for m in fed] == [60.0]  # read 50 ms before, then the real frame's 10 ms step

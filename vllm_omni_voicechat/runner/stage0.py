@@ -39,7 +39,8 @@ class PositionKind(str, enum.Enum):
     TYPED = "typed"
     """A frame of synthesized typed-input audio."""
     SETTLEMENT = "settlement"
-    """A zero-input position advancing the RNNT blank count to the fence."""
+    """A position advancing the RNNT blank count to the fence: zero input, or a quiet microphone frame queued after
+    the commit (``Position.input_audio``)."""
     EOU = "eou"
     """The separate zero-input EOU position (sessions with tools)."""
     CANCEL_TAIL = "cancel_tail"
@@ -83,6 +84,8 @@ class Position:
     started: float
     arrived: float | None = None
     """When its audio reached the host, if before ``due``: the position is late from then (None: ``due``)."""
+    input_audio: bool = True
+    """It runs a client's (or typed input's) audio, not zeros."""
 
     @property
     def late_from(self) -> float:
@@ -99,6 +102,7 @@ class StepMetrics:
     late_ms: float
     budget_ms: float
     over_budget: bool
+    input_audio: bool
     """The step without the model home's batching hold took longer than the budget."""
     held_ms: float = 0.0
     """The model home's batching hold (``StepTimings.held_ms``)."""
@@ -161,22 +165,25 @@ class Stage0Runner:
         now: float,
         due: float | None = None,
         arrived: float | None = None,
+        input_audio: bool | None = None,
     ) -> Position:
         """Start one position; raises :class:`PositionLimitReached` instead when the guard is hit. ``arrived``: when
         a microphone frame's audio reached the host, if before it was handed over (``due``): its lateness counts from
-        then."""
+        then. ``input_audio``: whether ``pcm`` is audio rather than zeros (default: the kind says)."""
         if self.in_flight is not None:
             raise RuntimeError("a position is already in flight")
         self.check_guard()
         due = now if due is None else due
+        synthetic = kind.synthetic if input_audio is None else not input_audio
         position = Position(
             index=self.positions_run,
             kind=kind,
-            input=PositionInput(pcm=pcm, controls=controls, synthetic=kind.synthetic, ready=due, arrived=arrived),
+            input=PositionInput(pcm=pcm, controls=controls, synthetic=synthetic, ready=due, arrived=arrived),
             transport_frame=transport_frame,
             due=due,
             started=now,
             arrived=arrived,
+            input_audio=not synthetic,
         )
         self.positions_run += 1
         self.in_flight = position
@@ -206,5 +213,6 @@ class Stage0Runner:
             late_ms=late_ms,
             budget_ms=BUDGET_MS,
             over_budget=step_ms - held_ms > BUDGET_MS,
+            input_audio=position.input_audio,
             held_ms=held_ms,
         )

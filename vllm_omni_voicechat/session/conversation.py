@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..model.port import AgentControl, BoundaryPhase, StepResult
-from ..runner.stage0 import StepMetrics
+from ..runner.stage0 import PositionKind, StepMetrics
 from .events import (
     AudioDelta,
     AudioDone,
@@ -178,6 +178,17 @@ class Conversation:
         assert m is not None
         response = self.response
         cycle = self._functions.cycle
+        turn_state = {
+            "open_client_turn_id": self._turns.open_client_turn_id,
+            "blank_count": result.rnnt.blank_count,
+            "agent_control": result.agent.control.value,
+            "boundary": result.boundary.phase.value,
+            "late_ms": round(m.late_ms, 3),
+            "function_cycle": cycle.call_id if cycle else None,
+            "model": result.telemetry,
+        }
+        if m.kind is PositionKind.SETTLEMENT:
+            turn_state["settlement_input_source"] = "queued_microphone_audio" if m.input_audio else "zero"
         self._emit(
             PositionMetrics(
                 frame=m.frame,
@@ -187,20 +198,12 @@ class Conversation:
                 server_step_ms=round(m.server_step_ms, 3),
                 budget_ms=m.budget_ms,
                 over_budget=m.over_budget,
-                input_audio=not m.kind.synthetic,
+                input_audio=m.input_audio,
                 output_audio=bool(result.audio),
                 audio_delivered=delivered and bool(result.audio),
                 turn_id=turn.turn_id if (turn := self.lifecycle.turn) else (response.turn_id if response else None),
                 response_id=response.response_id if response else None,
-                turn_state={
-                    "open_client_turn_id": self._turns.open_client_turn_id,
-                    "blank_count": result.rnnt.blank_count,
-                    "agent_control": result.agent.control.value,
-                    "boundary": result.boundary.phase.value,
-                    "late_ms": round(m.late_ms, 3),
-                    "function_cycle": cycle.call_id if cycle else None,
-                    "model": result.telemetry,
-                },
+                turn_state=turn_state,
             )
         )
 

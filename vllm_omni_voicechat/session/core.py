@@ -175,6 +175,9 @@ class SessionCore:
         self.barrier_running = False
         """The procedure running is a client turn barrier's (``turn_start`` / ``commit``, through the EOU)."""
         self._plan: Plan | None = None
+        self.settlement_audio = False
+        """A settlement runs that takes quiet microphone frames queued after its commit instead of zeros (set by the
+        settlement's procedure; ended for it by speech or a non-audio item at the head of the work queue)."""
         self._next_tokens: tuple[str, ...] = ()  # tool-result tokens for the next position
         self._next_eos = False  # agent EOS on the next position (a watchdog fired)
         # model-owned turn policy
@@ -312,6 +315,10 @@ class SessionCore:
                 plan = dataclasses.replace(plan, controls=controls)
                 if self._plan is not None:
                     self._plan = plan
+            if plan.queued_audio:
+                plan = self._settlement_input(plan)
+                if self._plan is not None:
+                    self._plan = plan
             due = self.runner.due_at(plan.kind, now, plan.ready)
             if due > now:
                 if functions.awaiting:
@@ -319,7 +326,7 @@ class SessionCore:
                 return Tick(self._drain(), wake_at=due)
             try:
                 position = self.runner.begin(plan.kind, plan.pcm, plan.controls, plan.transport_frame, now, due,
-                                             plan.arrived)
+                                             plan.arrived, plan.input_audio)
             except PositionLimitReached as limit:
                 self._fatal_position_limit(limit)
                 break
@@ -559,6 +566,38 @@ class SessionCore:
                 case Recover():
                     return self.functions.recovery(self, item.cycle)
         return None
+
+    def settlement_takes_audio(self, now: float) -> bool:
+        """Whether the next position is a settlement's that a quiet microphone frame queued now would feed, none being
+        queued yet: a dialect that holds client frames behind the commit may hand its held appends on (in order,
+        stopping at anything else). Chooses the next position's plan if none is chosen (``poll`` would)."""
+        if self.closed or self.runner.in_flight is not None or self.functions.cycle is not None:
+            return False  # (a function cycle's deadline is checked by ``poll`` before it chooses)
+        self.now = now
+        if self._plan is None and not self._configs:
+            try:
+                self._advance()
+            except SessionFailure as failure:
+                self._failed(failure)
+                return False
+        plan = self._plan
+        return self.settlement_audio and not self.work and plan is not None and plan.queued_audio and not self.closed
+
+    def _settlement_input(self, plan: Plan) -> Plan:
+        """A settlement position's input: the quiet microphone frame at the head of the work queue, if there is one.
+        Speech, or any item that is not a microphone frame, ends this for the rest of the settlement: it never crosses
+        them (the speech runs after the response starts)."""
+        plan = dataclasses.replace(plan, queued_audio=False)
+        work = self.work
+        if not self.settlement_audio or not work:
+            return plan
+        head = work[0]
+        if type(head) is not MicFrame or head.loud:
+            self.settlement_audio = False
+            return plan
+        work.popleft()
+        return dataclasses.replace(plan, pcm=head.pcm, transport_frame=head.transport_frame, ready=head.ready,
+                                   arrived=head.arrived, input_audio=True)
 
     def _idle_plan(self) -> Plan | None:
         # An open response, or function-channel work the model is in the middle of, keeps the clock moving.

@@ -47,6 +47,15 @@ class Plan:
     """A microphone frame's ready time (``MicFrame.ready``): it is due from then."""
     arrived: float | None = None
     """When a microphone frame's audio reached the host (``MicFrame.arrived``): it is late from then."""
+    input_audio: bool | None = None
+    """Whether ``pcm`` is audio rather than zeros (None: the kind says)."""
+    queued_audio: bool = False
+    """A settlement position that a quiet microphone frame queued after the commit may feed instead of zeros (the
+    core decides when it starts: :meth:`SessionCore.settlement_input`)."""
+
+
+def settlement_plan(controls: PositionControls) -> Plan:
+    return Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, controls, queued_audio=True)
 
 
 Procedure = Generator[Plan, StepResult, list[Command] | None]
@@ -110,12 +119,16 @@ def end_input(core: SessionCore, cmd: CommitInput) -> Procedure:
         yield from cancel_tail(core, "new_response")
     # Words still being decoded arrive during settlement; without any, the turn ends as a listen decision.
     steps = 0
-    while not turn.transcript and conv.blank_count < core.eou_blank_frames:
-        result = yield Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, PositionControls(pre_eou=True))
-        conv.publish(core, result)
-        steps += 1
-        if steps >= 2 * core.eou_blank_frames:
-            break
+    core.settlement_audio = True
+    try:
+        while not turn.transcript and conv.blank_count < core.eou_blank_frames:
+            result = yield settlement_plan(PositionControls(pre_eou=True))
+            conv.publish(core, result)
+            steps += 1
+            if steps >= 2 * core.eou_blank_frames:
+                break
+    finally:
+        core.settlement_audio = False
     if not turn.transcript:
         _listen(core, "silence_or_noise", cmd.client_event_id)
         return
@@ -255,26 +268,30 @@ def _settle_and_eou(core: SessionCore, ack: TurnCommitted | None, *, hold: bool 
     assert turn is not None and conv.lifecycle.settling
     fused = not hold and not (core.prompt and core.prompt.tools)
     settlement = Settlement(fence=core.config.settlement_blank_frames, fused=fused, blank_count=conv.blank_count)
-    while not (not fused and settlement.fence_met):
-        controls = dataclasses.replace(settlement.next_controls(), pre_eou=True)
-        result = yield Plan(PositionKind.SETTLEMENT, SILENT_INPUT_FRAME, controls)
-        outcome = settlement.on_result(result, controls)
-        if outcome.kind == "fatal":
-            if outcome.publish:
-                conv.publish(core, result)
-            raise SessionFailure(
-                outcome.code,
-                outcome.message,
-                details={"settlement": outcome.details, "source": turn.source, "job_id": turn.job_id},
-            )
-        if outcome.kind == "fused_terminal":
-            conv.eou_turn_id = turn.turn_id
-            conv.publish(core, result, ack=ack, close_turn=True)
-            conv.lifecycle.answered(forced=forced)
-            return
-        conv.publish(core, result)
-        if outcome.kind == "fence_reached":
-            break
+    core.settlement_audio = True
+    try:
+        while not (not fused and settlement.fence_met):
+            controls = dataclasses.replace(settlement.next_controls(), pre_eou=True)
+            result = yield settlement_plan(controls)
+            outcome = settlement.on_result(result, controls)
+            if outcome.kind == "fatal":
+                if outcome.publish:
+                    conv.publish(core, result)
+                raise SessionFailure(
+                    outcome.code,
+                    outcome.message,
+                    details={"settlement": outcome.details, "source": turn.source, "job_id": turn.job_id},
+                )
+            if outcome.kind == "fused_terminal":
+                conv.eou_turn_id = turn.turn_id
+                conv.publish(core, result, ack=ack, close_turn=True)
+                conv.lifecycle.answered(forced=forced)
+                return
+            conv.publish(core, result)
+            if outcome.kind == "fence_reached":
+                break
+    finally:
+        core.settlement_audio = False
     # Separate EOU (tools): commit after settlement, then one EOU position so the function guard covers it.
     if ack is not None:
         core.emit(ack)

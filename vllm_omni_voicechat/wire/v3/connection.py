@@ -71,6 +71,14 @@ class V3Options:
 
 
 @dataclass(frozen=True, slots=True)
+class _Held:
+    """A client frame held behind an unfinished barrier, and when the host read it."""
+
+    message: str | bytes
+    arrived: float
+
+
+@dataclass(frozen=True, slots=True)
 class _HeldRefusal:
     """A frame the host's inbox refused while earlier frames were held: answered in its place in the order."""
 
@@ -105,7 +113,7 @@ class V3Session(WireSession):
         # The receive pump's order (contract §1): a frame is handled only after the effects of the frames before
         # it. While a barrier is unfinished (the prefill of a session.update, a turn_start or commit whose ack has
         # not been published) later frames wait here, in arrival order; the host counts them against its inbox.
-        self._held: deque[str | bytes | _HeldRefusal] = deque()
+        self._held: deque[_Held | _HeldRefusal] = deque()
         self._awaiting_ack: str | None = None
         self._wire_bytes = 0
         self._started_at = 0.0
@@ -145,7 +153,7 @@ class V3Session(WireSession):
             return []
         self._last_message_at = now
         if self._held or self.at_barrier:
-            self._held.append(message)  # late only from when the barrier lets it through (the protocol's wait)
+            self._held.append(_Held(message, now if arrived is None else arrived))
             return []
         return self._receive(message, now, arrived)
 
@@ -160,9 +168,29 @@ class V3Session(WireSession):
             if isinstance(item, _HeldRefusal):
                 wire.extend(self._refusal(item.event_id))
             else:
-                wire.extend(self._receive(item, now))
+                wire.extend(self._receive(item.message, now))  # late only from its release (the protocol's wait)
         if self.core.closed:
             self._held.clear()
+        return wire
+
+    def _feed_settlement(self, now: float) -> list[V3Output]:
+        """Quiet audio the client sent after its commit may feed the settlement instead of zeros (contract section 7):
+        held appends go on to the core, one at a time and in order, while its next position is a settlement's that
+        would take them. Anything but a well-formed append stays held and stops this, so nothing is answered out of
+        order; the core keeps any speech for after the response starts."""
+        held, core = self._held, self.core
+        wire: list[V3Output] = []
+        while held and core.settlement_takes_audio(now):
+            item = held[0]
+            if isinstance(item, _HeldRefusal):
+                break
+            env = parser.read(item.message)
+            if isinstance(env, parser.Refused) or env.type != "input_audio_buffer.append":
+                break
+            if isinstance(parser.append(env), parser.Refused):
+                break
+            held.popleft()
+            wire.extend(self._receive(item.message, now, item.arrived))  # late from when it was read
         return wire
 
     def _receive(self, message: str | bytes, now: float, arrived: float | None = None) -> list[V3Output]:
@@ -179,8 +207,11 @@ class V3Session(WireSession):
         if silence is not None:
             code, message = silence
             return Tick(self._project(self.core.abort_session(code, message, now, closed=("failed", code)), now))
+        fed = self._feed_settlement(now) if self._held else []
         tick = self.core.poll(now)
         outputs = self._project(tick.outputs, now)
+        if fed:
+            outputs[:0] = fed
         if self._held and not self.at_barrier:
             outputs = self._release(outputs, now)
             if tick.position is None:
