@@ -102,8 +102,9 @@ class StepMetrics:
     late_ms: float
     budget_ms: float
     over_budget: bool
-    input_audio: bool
     """The step without the model home's batching hold took longer than the budget."""
+    input_audio: bool
+    """The position ran audio (``Position.input_audio``)."""
     held_ms: float = 0.0
     """The model home's batching hold (``StepTimings.held_ms``)."""
 

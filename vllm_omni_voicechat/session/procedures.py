@@ -51,7 +51,7 @@ class Plan:
     """Whether ``pcm`` is audio rather than zeros (None: the kind says)."""
     queued_audio: bool = False
     """A settlement position that a quiet microphone frame queued after the commit may feed instead of zeros (the
-    core decides when it starts: :meth:`SessionCore.settlement_input`)."""
+    core decides when it starts, ``SessionCore._settlement_input``)."""
 
 
 def settlement_plan(controls: PositionControls) -> Plan:
