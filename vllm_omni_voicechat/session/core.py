@@ -587,17 +587,16 @@ class SessionCore:
         """A settlement position's input: the quiet microphone frame at the head of the work queue, if there is one.
         Speech, or any item that is not a microphone frame, ends this for the rest of the settlement: it never crosses
         them (the speech runs after the response starts)."""
-        plan = dataclasses.replace(plan, queued_audio=False)
         work = self.work
         if not self.settlement_audio or not work:
-            return plan
+            return dataclasses.replace(plan, queued_audio=False)
         head = work[0]
         if type(head) is not MicFrame or head.loud:
             self.settlement_audio = False
-            return plan
+            return dataclasses.replace(plan, queued_audio=False)
         work.popleft()
         return dataclasses.replace(plan, pcm=head.pcm, transport_frame=head.transport_frame, ready=head.ready,
-                                   arrived=head.arrived, input_audio=True)
+                                   arrived=head.arrived, input_audio=True, queued_audio=False)
 
     def _idle_plan(self) -> Plan | None:
         # An open response, or function-channel work the model is in the middle of, keeps the clock moving.

@@ -85,6 +85,10 @@ class _HeldRefusal:
     event_id: Any
 
 
+def _message_bytes(message: str | bytes) -> int:
+    return len(message) if isinstance(message, bytes) or message.isascii() else len(message.encode())
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -187,14 +191,16 @@ class V3Session(WireSession):
             env = parser.read(item.message)
             if isinstance(env, parser.Refused) or env.type != "input_audio_buffer.append":
                 break
-            if isinstance(parser.append(env), parser.Refused):
+            append = parser.append(env)
+            if isinstance(append, parser.Refused):
                 break
             held.popleft()
-            wire.extend(self._receive(item.message, now, item.arrived))  # late from when it was read
+            command = AppendAudio(append.pcm, append.event_id, _message_bytes(item.message), item.arrived)
+            wire.extend(self._project(core.receive(command, now), now))  # late from when it was read
         return wire
 
     def _receive(self, message: str | bytes, now: float, arrived: float | None = None) -> list[V3Output]:
-        self._wire_bytes = len(message) if isinstance(message, bytes) or message.isascii() else len(message.encode())
+        self._wire_bytes = _message_bytes(message)
         env = parser.read(message)
         if isinstance(env, parser.Refused):
             return [self._refused(env)]
