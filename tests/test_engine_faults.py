@@ -297,6 +297,7 @@ def test_shutdown_under_load_ends_each_session_with_its_typed_error(engine):
 
     stages = list(engine.stage_pids().values())
     assert len(stages) == 3
+    assert any(p.is_socket() for p in engine.rpc_dir.iterdir())  # vLLM's sockets are in the server's own directory
 
     async def main():
         tasks = [asyncio.create_task(w.run(60)) for w in wires]
@@ -321,6 +322,8 @@ def test_shutdown_under_load_ends_each_session_with_its_typed_error(engine):
             procs.append(psutil.Process(pid))
     psutil.wait_procs(procs, timeout=15)  # stage processes exit with the server
     assert not [pid for pid in stages if alive(pid)]  # no stage process outlives the server
+    engine.stop()
+    assert not engine.rpc_dir.exists()  # nor do its sockets
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 """``vllm-omni serve`` as a local subprocess (the real engine on CPU with the tiny checkpoint and our CPU deploy
 YAML, by default): a free port, ready when our ``/health`` answers ``ready``; stopped with SIGINT (what Ctrl-C
-sends), and the stop is recorded: exit status, time, and any stage process that outlived the server.
+sends), and the stop is recorded: exit status, time, and any stage process that outlived the server. vLLM's
+inter-process sockets go to a directory of the server's own, removed at the stop (vLLM names them in the temporary
+directory and leaves them there: ~10 socket files every start).
 
 Used by the engine tests (tests/test_engine_*.py) and benchmarks/engine_positions.py, in the engine venv
 (scripts/install_omni_cpu.sh VENV --engine). Imports neither vLLM nor vLLM-Omni itself (it runs their CLI).
@@ -12,10 +14,12 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -109,6 +113,8 @@ class EngineServer:
     stop_s: float | None = None
     exit_code: int | None = None
     leftover_pids: list[int] = field(default_factory=list)
+    rpc_dir: Path | None = None
+    """Where vLLM puts its inter-process sockets (``VLLM_RPC_BASE_PATH``) while the server runs."""
 
     @property
     def http(self) -> str:
@@ -136,7 +142,8 @@ class EngineServer:
         cli = Path(sys.executable).with_name("vllm-omni")
         cmd = [str(cli), "serve", str(self.checkpoint), "--omni", "--deploy-config", str(self.deploy),
                "--host", "127.0.0.1", "--port", str(self.port), *extra_args]
-        env = {**os.environ, **ENGINE_ENV, **(extra_env or {})}
+        self.rpc_dir = Path(tempfile.mkdtemp(prefix="vllm-rpc-"))
+        env = {**os.environ, **ENGINE_ENV, "VLLM_RPC_BASE_PATH": str(self.rpc_dir), **(extra_env or {})}
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child writes it for its whole life
         t0 = time.monotonic()
         self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -145,6 +152,7 @@ class EngineServer:
         deadline = t0 + timeout
         while True:
             if self.process.poll() is not None:
+                self.stop()  # removes its socket directory
                 raise RuntimeError(f"vllm-omni serve exited with {self.process.returncode} while starting:\n"
                                    f"{self.log_tail()}")
             if time.monotonic() > deadline:
@@ -161,6 +169,13 @@ class EngineServer:
             time.sleep(0.5)  # polling a child process's readiness, not synchronising with our own code
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        try:
+            self._stop(timeout)
+        finally:
+            if self.rpc_dir is not None:
+                shutil.rmtree(self.rpc_dir, ignore_errors=True)
+
+    def _stop(self, timeout: float) -> None:
         process = self.process
         if process is None or process.poll() is not None:
             self.exit_code = None if process is None else process.returncode
