@@ -14,7 +14,7 @@ core keeps stepping empty (held requests stay queued between steps, so it never 
 Stages 1 and 2. While a session is open its talker and codec requests wait for their next chunk, and vLLM's engine
 core keeps stepping them empty about every 1 ms (a request waiting for a chunk goes back to the queues after each
 schedule, so the core never blocks): measured here, one open and idle session cost 0.31 + 0.28 cores in those two
-processes, more than the model work of a real-time session. ``_IdleWait`` makes the schedule after an empty one
+processes, more than the model work of a real-time session. ``_ChunkFed`` makes the schedule after an empty one
 wait until a chunk has arrived, at most ``IDLE_WAIT_S``: a chunk is scheduled as soon as the adapter's receive thread
 has it, and new requests and aborts wait at most ``IDLE_WAIT_S`` in the core's input queue. The chunks of one
 Stage-0 forward arrive one after another (the previous stage's sender thread sends them in turn), so whenever some
@@ -205,15 +205,25 @@ def received_chunks(scheduler: Any) -> set | None:
     return received
 
 
-class _IdleWait:
-    """After a schedule that ran nothing, the next one first waits (bounded) for a chunk to arrive; once some of a
-    forward's chunks are in, it waits (bounded) for the rest."""
+class _ChunkFed(_BatchLog):
+    """A stage fed by chunks (Stages 1-2): after a schedule that ran nothing, the next one first waits (bounded) for a
+    chunk to arrive; once some of a forward's chunks are in, it waits (bounded) for the rest."""
 
-    def _init_idle_wait(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_batch_log()
         self._vc_idle = False
         self._vc_inputs = 0
         self._vc_inputs_seen = 0
         self.vc_idle_waits = 0
+        received_chunks(self)  # before the first chunk arrives
+
+    def schedule(self, throttle_prefills: bool = False):
+        self._wait_for_chunks()
+        output = super().schedule(throttle_prefills)  # type: ignore[misc]
+        self._vc_idle = getattr(output, "total_num_scheduled_tokens", 0) <= 0
+        self._count_batch(output, time.monotonic())
+        return output
 
     def add_request(self, request: Any) -> None:
         self._vc_inputs += 1
@@ -238,38 +248,13 @@ class _IdleWait:
             # while this stage was busy): one forward for them all
             received.settle(expected, SETTLE_S, SETTLE_MAX_S)
 
-    def _note_idle(self, output: Any) -> None:
-        self._vc_idle = getattr(output, "total_num_scheduled_tokens", 0) <= 0
+
+class VoiceChatTalkerScheduler(_ChunkFed, OmniARScheduler):
+    """Stage 1 (the talker)."""
 
 
-class VoiceChatTalkerScheduler(_IdleWait, _BatchLog, OmniARScheduler):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_batch_log()
-        self._init_idle_wait()
-        received_chunks(self)  # before the first chunk arrives
-
-    def schedule(self, throttle_prefills: bool = False):
-        self._wait_for_chunks()
-        output = super().schedule(throttle_prefills)
-        self._note_idle(output)
-        self._count_batch(output, time.monotonic())
-        return output
-
-
-class VoiceChatCodecScheduler(_IdleWait, _BatchLog, OmniGenerationScheduler):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_batch_log()
-        self._init_idle_wait()
-        received_chunks(self)  # before the first chunk arrives
-
-    def schedule(self, throttle_prefills: bool = False):
-        self._wait_for_chunks()
-        output = super().schedule(throttle_prefills)
-        self._note_idle(output)
-        self._count_batch(output, time.monotonic())
-        return output
+class VoiceChatCodecScheduler(_ChunkFed, OmniGenerationScheduler):
+    """Stage 2 (the codec)."""
 
 
 STAGE_SCHEDULERS = {
