@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
 from vllm_omni_voicechat.model.port import ToolSpec
 from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn
@@ -561,3 +563,60 @@ def test_a_queued_frame_feeding_the_settlement_is_late_from_when_it_was_read():
     events = d.run(advance_time=False)
     fed = [m for m in metrics(events, "settlement") if m.input_audio]
     assert [m.turn_state["late_ms"] for m in fed] == [60.0]  # read 50 ms before, then the real frame's 10 ms step
+
+
+# --- a settlement position may wait for the client's next frame (settlement_await_s) ---------------------------------
+
+
+def committed_between_frames(*, since_last_frame: float, await_s: float = 0.04):
+    """Turn 1: one loud frame read at t0, its position run (10 ms a step), then the commit ``since_last_frame`` after
+    the frame was read; the host ran until it had to wait. Returns the driver and t0."""
+    d = session(settlement_blank_frames=3, settlement_await_s=await_s)
+    d.send(StartTurn(1, "s1"))
+    t0 = d.clock.now
+    d.send(AppendAudio(LOUD_NOISE_FRAME))
+    d.run(advance_time=False)
+    d.clock.advance(since_last_frame - (d.clock.now - t0))
+    d.send(CommitTurn(1, "c1"))
+    d.run(advance_time=False)
+    return d, t0
+
+
+def test_a_settlement_position_waits_for_the_next_frame_expected_within_the_window_and_takes_it():
+    d, t0 = committed_between_frames(since_last_frame=0.06)  # the next frame is due 20 ms after the commit
+    assert metrics(d.events, "settlement") == []  # waiting for it, at most 40 ms
+    tick = d.session.poll(d.clock.now)
+    assert tick.position is None and tick.wake_at == pytest.approx(t0 + 0.06 + 0.04)
+    d.clock.advance(0.02)
+    d.send(AppendAudio(QUIET_FRAME))  # frame 1, on time
+    events = d.run(advance_time=False)
+    assert settlement_view(d.events)[:4] == [
+        ("real", 0, True, None),
+        ("settlement", 1, True, "queued_microphone_audio"),
+        ("settlement", None, False, "zero"),  # the next frame is 70 ms away: zeros at once, as before
+        ("settlement", None, False, "zero"),
+    ]
+    assert [m.transport_frame for m in metrics(events, "real")] == []  # nothing left to run after the response
+    assert "ResponseCreated" in names(events)
+
+
+def test_a_frame_that_does_not_come_costs_the_wait_once_then_zeros():
+    d, t0 = committed_between_frames(since_last_frame=0.06)
+    d.clock.advance(0.04)  # the wait's end: no frame came (a client that stopped sending)
+    d.run(advance_time=False)
+    assert settlement_view(d.events)[1:4] == [("settlement", None, False, "zero")] * 3
+    assert d.clock.now == pytest.approx(t0 + 0.10 + 3 * 0.01)  # the settlement ran from the wait's end, back to back
+
+
+def test_a_frame_expected_beyond_the_window_is_not_waited_for_until_it_is_within_it():
+    d, t0 = committed_between_frames(since_last_frame=0.02)  # the next frame is due 60 ms after the commit
+    assert settlement_view(d.events)[1:] == [("settlement", None, False, "zero")] * 2  # 60 and 50 ms away: at once
+    assert d.clock.now == pytest.approx(t0 + 0.04)  # the third: the frame is 40 ms away, within the window
+    d.clock.advance(0.04)
+    d.send(AppendAudio(QUIET_FRAME))
+    d.run(advance_time=False)
+    assert settlement_view(d.events)[3] == ("settlement", 1, True, "queued_microphone_audio")
+
+    d, t0 = committed_between_frames(since_last_frame=0.02, await_s=0.0)  # no wait at all: as before
+    assert settlement_view(d.events)[1:] == [("settlement", None, False, "zero")] * 3
+    assert d.clock.now == pytest.approx(t0 + 0.02 + 3 * 0.01)

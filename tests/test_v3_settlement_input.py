@@ -88,3 +88,37 @@ def test_speech_a_malformed_frame_or_another_event_stops_the_feed_and_waits_for_
             assert types.index("input_audio_buffer.committed") < answer
         # what it held back runs after the response starts, in order
         assert [p[1] for p in view[4:] if p[0] == "real"] == later
+
+
+def test_a_settlement_waiting_for_the_next_frame_takes_it_from_the_pump():
+    """With ``settlement_await_s``, the settlement's first position waits for the frame the streaming client sends
+    next (20 ms after its commit here); the pump holds it behind the commit and hands it on when it comes."""
+    session = V3Session(SessionCore(SessionConfig(settlement_blank_frames=3, settlement_await_s=0.04)), V3Options())
+    out: list = []
+    host = SyncDriver(session, SimulatorModel(SimBehaviour(tail_positions=0)), synthesizer=SimulatorSynthesizer(),
+                      on_event=out.append, keep=False, step_seconds=0.01)
+    host.dispatch(session.start(host.clock.now))
+    host.dispatch(session.receive(json.dumps({"type": "session.update", "event_id": "u",
+                                              "session": {"protocol_version": 3}}), host.clock.now))
+    host.run(stop_when=lambda: session.core.configured)
+    t0 = host.clock.now
+    for message in (barrier("turn_start", "s1"), append(LOUD, "a0")):
+        host.dispatch(session.receive(message, host.clock.now))
+    host.run(advance_time=False)
+    host.clock.advance(t0 + 0.06 - host.clock.now)
+    host.dispatch(session.receive(barrier("commit", "c1"), host.clock.now))
+    host.run(advance_time=False)
+    events = [json.loads(o.text) for o in out if not isinstance(o, CloseTransport)]
+    assert [p[0] for p in positions(events)] == ["real"]  # the settlement waits for the next frame
+    host.clock.advance(0.02)
+    host.dispatch(session.receive(append(QUIET, "q1"), host.clock.now))
+    host.run(stop_when=lambda: session.core.idle and not session.held_messages)
+    events = [json.loads(o.text) for o in out if not isinstance(o, CloseTransport)]
+    assert positions(events)[:4] == [
+        ("real", 0, True, None),
+        ("settlement", 1, True, "queued_microphone_audio"),
+        ("settlement", None, False, "zero"),
+        ("settlement", None, False, "zero"),
+    ]
+    types = [e["type"] for e in events]
+    assert types.index("input_audio_buffer.committed") < types.index("response.created")

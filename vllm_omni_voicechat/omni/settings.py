@@ -46,6 +46,7 @@ FIELDS: Mapping[str, tuple[type, float | None]] = {
     "warmup_positions": (int, 0),
     "max_session_model_frames": (int, 1),
     "settlement_blank_frames": (int, 1),
+    "settlement_await_s": (float, 0.0),
     "function_call_timeout_s": (float, 0.001),
     "function_recovery_max_frames": (int, 1),
     "journal_max_bytes": (int, 1),

@@ -28,6 +28,8 @@ class ServerConfig:
     max_sessions: int = 4
     max_session_model_frames: int = DEFAULT_MAX_SESSION_MODEL_FRAMES
     settlement_blank_frames: int = DEFAULT_FENCE
+    settlement_await_s: float = 0.0
+    """``SessionConfig.settlement_await_s``: the engine's deploy YAML sets it beside its tick."""
     default_instructions: str = ""
     function_call_timeout_s: float = FUNCTION_CALL_TIMEOUT_S
     function_recovery_max_frames: int = FUNCTION_OUTPUT_RECOVERY_MAX_FRAMES
@@ -117,6 +119,7 @@ class ServerConfig:
         return SessionConfig(
             session_id=session_id,
             settlement_blank_frames=self.settlement_blank_frames,
+            settlement_await_s=self.settlement_await_s,
             max_session_model_frames=self.max_session_model_frames,
             typed_input_ready=typed_input_ready,
             function_call_timeout_s=self.function_call_timeout_s,

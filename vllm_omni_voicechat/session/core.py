@@ -125,6 +125,10 @@ class SessionConfig:
     max_queued_input_frames: int = 1500
     """Input frames waiting for the model clock (120 s; ~3.8 MB). An append beyond it is refused whole with the
     recoverable ``input_backpressure``: a client sending faster than real time cannot grow the session's memory."""
+    settlement_await_s: float = 0.0
+    """A settlement position that finds no quiet frame queued waits up to this long for the client's next one when
+    that is expected within it (a frame after the last): on an engine that holds positions for its tick, a zero
+    position would wait about as long, and the frame would then wait behind it. 0: zeros at once."""
 
 
 @record
@@ -588,7 +592,12 @@ class SessionCore:
         Speech, or any item that is not a microphone frame, ends this for the rest of the settlement: it never crosses
         them (the speech runs after the response starts)."""
         work = self.work
-        if not self.settlement_audio or not work:
+        if not self.settlement_audio:
+            return dataclasses.replace(plan, queued_audio=False)
+        if not work:
+            until = self._settlement_wait(plan)
+            if until is not None:
+                return dataclasses.replace(plan, ready=until)  # still queued_audio: the next poll looks again
             return dataclasses.replace(plan, queued_audio=False)
         head = work[0]
         if type(head) is not MicFrame or head.loud:
@@ -597,6 +606,19 @@ class SessionCore:
         work.popleft()
         return dataclasses.replace(plan, pcm=head.pcm, transport_frame=head.transport_frame, ready=head.ready,
                                    arrived=head.arrived, input_audio=True, queued_audio=False)
+
+    def _settlement_wait(self, plan: Plan) -> float | None:
+        """Until when a settlement position with nothing queued waits for the client's next frame (None: it runs on
+        zeros now). It waits only when that frame is expected within ``settlement_await_s``, and once."""
+        if plan.ready is not None:  # waiting already
+            return plan.ready if self.now < plan.ready else None
+        window = self.config.settlement_await_s
+        last = self.microphone.last_frame_at
+        if window <= 0.0 or last is None:
+            return None
+        if self.now < last + self.config.frame_seconds <= self.now + window:
+            return self.now + window
+        return None
 
     def _idle_plan(self) -> Plan | None:
         # An open response, or function-channel work the model is in the middle of, keeps the clock moving.

@@ -25,6 +25,8 @@ class Microphone:
         self.max_queued_frames = config.max_queued_input_frames
         self._work = work
         self._transport_frames = 0
+        self.last_frame_at: float | None = None
+        """When the last complete frame reached the host: the client's next one is expected a frame later."""
 
     def backlogged(self, incoming: int) -> bool:
         """Whether ``incoming`` bytes would put more frames in the queue than the bound allows."""
@@ -38,6 +40,7 @@ class Microphone:
         ``arrived``: when the audio reached the host, if before ``now``."""
         gate, held = self.gate, []
         for chunk in self.assembler.push(pcm):
+            self.last_frame_at = now if arrived is None else arrived
             frame = gate.classify(chunk, self._transport_frames, now, arrived)
             self._transport_frames += 1
             released = gate.offer(frame)
