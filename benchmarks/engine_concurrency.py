@@ -83,6 +83,10 @@ class Stats:
         self.kinds: dict[str, int] = {}
         self.errors: list[str] = []
         self.responses = 0
+        self.committed_ms: list[float] = []
+        """A commit's send -> its ``input_audio_buffer.committed`` (the settlement's positions between)."""
+        self.response_start_ms: list[float] = []
+        """A commit's send -> the response's first audio."""
         self.trace: list[dict] = []
         """Every position of the window (``--trace``): where late positions sit, by session and by tick."""
 
@@ -94,6 +98,7 @@ async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
     client = ScriptedClient("v3", random.Random(spec["seed"] + index), AppendCache("v3"))
     w0, w1 = spec["w0"], spec["w1"]
     sent_at: dict[int, float] = {}
+    commit: dict[str, float] = {}  # the open commit's send time, while its ack ("ack") and first audio ("audio") wait
     async with connect(url, max_size=None, ping_interval=None, open_timeout=60, close_timeout=10,
                        compression=None) as ws:
         first = json.loads(await ws.recv())
@@ -146,6 +151,11 @@ async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
                                         "e2e_ms": None if sent is None else round((now - sent) * 1000.0, 2),
                                         "model": model})
                     continue
+                if commit and w0 <= now < w1:
+                    if "ack" in commit and '"input_audio_buffer.committed"' in text[:60]:
+                        stats.committed_ms.append((now - commit.pop("ack")) * 1000.0)
+                    elif "audio" in commit and '"response.output_audio.delta"' in text[:60]:
+                        stats.response_start_ms.append((now - commit.pop("audio")) * 1000.0)
                 if '"type":"error"' in text[:40] and w0 <= now < w1:
                     stats.errors.append(f"session {index}: {text[:300]}")
                 if '"response.done"' in text and w0 <= now < w1:
@@ -171,6 +181,8 @@ async def one_session(url: str, index: int, spec: dict, stats: Stats) -> None:
                         if '"input_audio_buffer.append"' in text:
                             sent_at[frame] = time.monotonic()
                             frame += 1
+                        elif '"input_audio_buffer.commit"' in text:
+                            commit["ack"] = commit["audio"] = time.monotonic()
                         await ws.send(text)
                 except websockets.ConnectionClosed as exc:
                     stats.errors.append(f"session {index}: closed {exc}")
@@ -255,6 +267,8 @@ def trial(server, n: int, args: argparse.Namespace) -> dict:
         "step_ms": spread(stats.step_ms),
         "inference_ms": spread(stats.inference_ms),
         "e2e_ms": spread(stats.e2e_ms),
+        "committed_ms": spread(stats.committed_ms),
+        "response_start_ms": spread(stats.response_start_ms),
         "late_ms": spread(stats.late_ms),
         "held_ms": spread(stats.held_ms),
         "tick_size": dict(sorted(stats.tick_size.items())),
@@ -268,7 +282,7 @@ def trial(server, n: int, args: argparse.Namespace) -> dict:
 
 
 def derived_deploy(path: Path, slot_ms: float | None, max_sessions: int, root: Path | None = None,
-                   audio_lag: int | None = None) -> Path:
+                   audio_lag: int | None = None, settings: list[str] = ()) -> Path:
     import yaml
 
     from vllm_omni_voicechat.omni.local_server import CPU_DEPLOY
@@ -279,6 +293,9 @@ def derived_deploy(path: Path, slot_ms: float | None, max_sessions: int, root: P
         deploy["voicechat"]["tick_slot_ms"] = slot_ms
     if audio_lag is not None:
         deploy["voicechat"]["audio_lag_positions"] = audio_lag
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        deploy["voicechat"][key] = yaml.safe_load(value)
     # a whole trial in one session: 80 s at up to ~16 positions a second (Stage 0's request: the guard + a prompt;
     # the talker's still fits: 37 + 3 x 2,000 <= the CPU YAML's Stage-1 max_model_len)
     deploy["voicechat"]["max_session_model_frames"] = max(2000, deploy["voicechat"].get("max_session_model_frames", 0))
@@ -331,6 +348,8 @@ def main() -> int:
     parser.add_argument("--spread", action="store_true", help="spread the sessions' phases across one frame")
     parser.add_argument("--server-root", type=Path, help="serve this checkout's code (and its CPU deploy YAML)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="server environment")
+    parser.add_argument("--voicechat", action="append", default=[], metavar="KEY=VALUE",
+                        help="a voicechat.* setting of the deploy YAML (a YAML value)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_concurrency.json"))
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: beside --out)")
     parser.add_argument("--trace", type=Path, default=None,
@@ -348,7 +367,7 @@ def main() -> int:
                     "parameters": {"sessions": args.sessions, "window_s": args.window, "warmup_s": args.warmup,
                                    "slots_ms": args.slots, "audio_lags": args.audio_lags, "spread": args.spread,
                                    "server_root": str(args.server_root) if args.server_root else None,
-                                   "env": args.env}, "series": []}
+                                   "env": args.env, "voicechat": args.voicechat}, "series": []}
     extra_env = dict(item.split("=", 1) for item in args.env)
     if args.server_root is not None:
         import os
@@ -361,7 +380,7 @@ def main() -> int:
             logs.mkdir()
             series: dict = {"slot_ms": slot, "audio_lag": lag, "trials": []}
             deploy = derived_deploy(logs / "deploy.yaml", slot if args.server_root is None else None,
-                                    max(args.sessions), args.server_root, lag)
+                                    max(args.sessions), args.server_root, lag, args.voicechat)
             args.slot_now, args.lag_now = slot, lag
             with engine_server(checkpoint, logs, deploy=deploy, extra_env=extra_env) as server:
                 series["startup_s"] = round(server.started_s, 1)
@@ -371,7 +390,8 @@ def main() -> int:
                     print(f"slot {slot:g} ms, lag {lag}, {n} sessions: {result['positions']} positions, "
                           f"late {result['late']}, step p50/p99 {result['step_ms']['p50']}/{result['step_ms']['p99']} "
                           f"ms, inference p50 {result['inference_ms']['p50']} ms, e2e p50/p99 "
-                          f"{result['e2e_ms']['p50']}/{result['e2e_ms']['p99']} ms, "
+                          f"{result['e2e_ms']['p50']}/{result['e2e_ms']['p99']} ms, commit -> committed / first "
+                          f"audio p50 {result['committed_ms']['p50']}/{result['response_start_ms']['p50']} ms, "
                           f"{result['cpu_ms_per_session_position']} CPU ms per session-position "
                           f"({result['server_cpu_cores']} cores), stage-0 forwards {result['stage0_forwards_by_requests']}"
                           f", errors {result['error_count']}", flush=True)
