@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import fields
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
@@ -34,6 +35,22 @@ def session(
     if configure:
         driver.send(Configure(SessionPrompt("Be brief.", tools)))
     return driver
+
+
+class BatchedModel:
+    """The simulator, reporting every position as run together with three other sessions' (an engine's tick)."""
+
+    def __init__(self, batched_with: int = 4) -> None:
+        self.inner = SimulatorModel()
+        self.batched_with = batched_with
+
+    def step(self, position):
+        result = self.inner.step(position)
+        return dataclasses.replace(result, timings=dataclasses.replace(result.timings,
+                                                                       batched_with=self.batched_with))
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
 def view(event: NativeEvent) -> tuple:

@@ -5,16 +5,31 @@ from __future__ import annotations
 import pytest
 
 from vllm_omni_voicechat.audio.speech import decode_speech, render_speech
-from vllm_omni_voicechat.model.port import ToolSpec
-from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, StartTurn
+from vllm_omni_voicechat.model.port import SessionPrompt, ToolSpec
+from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, Configure, StartTurn
 from vllm_omni_voicechat.ops.tally import SessionTally
 from vllm_omni_voicechat.session.events import Error, PositionMetrics, SessionClosed
+from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
+from vllm_omni_voicechat.shell.sync import SyncDriver
 from vllm_omni_voicechat.sim.model import SimBehaviour
+from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
 from vllm_omni_voicechat.session.events import AudioDelta
 
-from .helpers import LOUD_NOISE_FRAME, SILENCE_FRAME, R, T, audio, metrics, names, protocol, session
+from .helpers import (
+    LOUD_NOISE_FRAME,
+    SID,
+    SILENCE_FRAME,
+    BatchedModel,
+    R,
+    T,
+    audio,
+    metrics,
+    names,
+    protocol,
+    session,
+)
 
 TOOLS = (ToolSpec("get_weather", "Weather for a city", {"type": "object", "properties": {"city": {"type": "string"}}}),)
 
@@ -568,10 +583,13 @@ def test_a_queued_frame_feeding_the_settlement_is_late_from_when_it_was_read():
 # --- a settlement position may wait for the client's next frame (settlement_await_s) ---------------------------------
 
 
-def committed_between_frames(*, since_last_frame: float, await_s: float = 0.04):
-    """Turn 1: one loud frame read at t0, its position run (10 ms a step), then the commit ``since_last_frame`` after
-    the frame was read; the host ran until it had to wait. Returns the driver and t0."""
-    d = session(settlement_blank_frames=3, settlement_await_s=await_s)
+def committed_between_frames(*, since_last_frame: float, await_s: float = 0.04, batched_with: int = 4):
+    """Turn 1: one loud frame read at t0, its position run (10 ms a step) on a model home that batches it with
+    ``batched_with`` sessions' positions, then the commit ``since_last_frame`` after the frame was read; the host ran
+    until it had to wait. Returns the driver and t0."""
+    core = SessionCore(SessionConfig(session_id=SID, settlement_blank_frames=3, settlement_await_s=await_s))
+    d = SyncDriver(core, BatchedModel(batched_with), synthesizer=SimulatorSynthesizer(), step_seconds=0.01)
+    d.send(Configure(SessionPrompt("Be brief.", ())))
     d.send(StartTurn(1, "s1"))
     t0 = d.clock.now
     d.send(AppendAudio(LOUD_NOISE_FRAME))
@@ -620,3 +638,10 @@ def test_a_frame_expected_beyond_the_window_is_not_waited_for_until_it_is_within
     d, t0 = committed_between_frames(since_last_frame=0.02, await_s=0.0)  # no wait at all: as before
     assert settlement_view(d.events)[1:] == [("settlement", None, False, "zero")] * 3
     assert d.clock.now == pytest.approx(t0 + 0.02 + 3 * 0.01)
+
+
+def test_a_session_the_model_home_runs_alone_never_waits():
+    """Nothing would hold its zero positions (no other session's positions to wait for): waiting would only delay."""
+    d, t0 = committed_between_frames(since_last_frame=0.06, batched_with=1)
+    assert settlement_view(d.events)[1:] == [("settlement", None, False, "zero")] * 3
+    assert d.clock.now == pytest.approx(t0 + 0.06 + 3 * 0.01)

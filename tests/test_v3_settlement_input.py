@@ -16,6 +16,8 @@ from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
 from vllm_omni_voicechat.wire.transport import CloseTransport
 from vllm_omni_voicechat.wire.v3 import V3Options, V3Session
 
+from .helpers import BatchedModel
+
 LOUD = bytes([0x00, 0x40] * (INPUT_FRAME_BYTES // 2))
 QUIET = bytes([0x10, 0x00] * (INPUT_FRAME_BYTES // 2))  # about -66 dBFS: below the gate
 
@@ -91,12 +93,13 @@ def test_speech_a_malformed_frame_or_another_event_stops_the_feed_and_waits_for_
 
 
 def test_a_settlement_waiting_for_the_next_frame_takes_it_from_the_pump():
-    """With ``settlement_await_s``, the settlement's first position waits for the frame the streaming client sends
-    next (20 ms after its commit here); the pump holds it behind the commit and hands it on when it comes."""
+    """With ``settlement_await_s``, on a model home that batches the session with others, the settlement's first
+    position waits for the frame the streaming client sends next (20 ms after its commit here); the pump holds it
+    behind the commit and hands it on when it comes."""
     session = V3Session(SessionCore(SessionConfig(settlement_blank_frames=3, settlement_await_s=0.04)), V3Options())
     out: list = []
-    host = SyncDriver(session, SimulatorModel(SimBehaviour(tail_positions=0)), synthesizer=SimulatorSynthesizer(),
-                      on_event=out.append, keep=False, step_seconds=0.01)
+    host = SyncDriver(session, BatchedModel(), synthesizer=SimulatorSynthesizer(), on_event=out.append, keep=False,
+                      step_seconds=0.01)
     host.dispatch(session.start(host.clock.now))
     host.dispatch(session.receive(json.dumps({"type": "session.update", "event_id": "u",
                                               "session": {"protocol_version": 3}}), host.clock.now))

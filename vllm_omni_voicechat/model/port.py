@@ -210,6 +210,9 @@ class StepTimings:
     late_ms: float | None = None
     """How late the position ran, from a model home that holds positions (the hold is not lateness); None: the
     runner's own measure (started after its due time)."""
+    batched_with: int = 1
+    """How many positions, this one included, the model home ran together (other sessions' positions of the same
+    tick; 1: it ran alone)."""
 
 
 @record

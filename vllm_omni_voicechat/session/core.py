@@ -127,8 +127,9 @@ class SessionConfig:
     recoverable ``input_backpressure``: a client sending faster than real time cannot grow the session's memory."""
     settlement_await_s: float = 0.0
     """A settlement position that finds no quiet frame queued waits up to this long for the client's next one when
-    that is expected within it (a frame after the last): on an engine that holds positions for its tick, a zero
-    position would wait about as long, and the frame would then wait behind it. 0: zeros at once."""
+    that is expected within it (a frame after the last), if the model home runs this session's audio together with
+    other sessions' (``StepTimings.batched_with``): it would hold a zero position for them about as long, and the
+    frame would then wait behind it. A session the model home runs alone never waits. 0: zeros at once."""
 
 
 @record
@@ -182,6 +183,8 @@ class SessionCore:
         self.settlement_audio = False
         """A settlement runs that takes quiet microphone frames queued after its commit instead of zeros (set by the
         settlement's procedure; ended for it by speech or a non-audio item at the head of the work queue)."""
+        self._audio_batched = False
+        """The session's last audio position ran together with other sessions' (``settlement_await_s``)."""
         self._next_tokens: tuple[str, ...] = ()  # tool-result tokens for the next position
         self._next_eos = False  # agent EOS on the next position (a watchdog fired)
         # model-owned turn policy
@@ -348,6 +351,8 @@ class SessionCore:
         if self.closed:
             return self._drain()
         self.conversation.step_metrics = metrics
+        if position.input_audio:
+            self._audio_batched = result.timings.batched_with > 1
         proc = self._proc
         if proc is None and (plan is None or plan.kind is not PositionKind.RESPONSE_SILENCE):
             raise StateError(f"a {position.kind.value} position completed without its procedure")
@@ -609,12 +614,13 @@ class SessionCore:
 
     def _settlement_wait(self, plan: Plan) -> float | None:
         """Until when a settlement position with nothing queued waits for the client's next frame (None: it runs on
-        zeros now). It waits only when that frame is expected within ``settlement_await_s``, and once."""
+        zeros now). It waits only when that frame is expected within ``settlement_await_s`` and the session's last
+        audio position ran batched with other sessions', and once."""
         if plan.ready is not None:  # waiting already
             return plan.ready if self.now < plan.ready else None
         window = self.config.settlement_await_s
         last = self.microphone.last_frame_at
-        if window <= 0.0 or last is None:
+        if window <= 0.0 or last is None or not self._audio_batched:
             return None
         if self.now < last + self.config.frame_seconds <= self.now + window:
             return self.now + window
