@@ -713,6 +713,8 @@ class SessionCore:
 
     def _drain(self) -> list[Output]:
         out = self._out
+        if not out:
+            return []
         drained = out.copy()
         out.clear()
         return drained

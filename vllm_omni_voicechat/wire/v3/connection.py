@@ -240,6 +240,9 @@ class V3Session(WireSession):
         return None
 
     def _silence(self, now: float) -> tuple[str, str] | None:
+        idle_s = self.options.idle_timeout_s
+        if self.core.configured and (idle_s is None or now < self._last_message_at + idle_s):
+            return None  # every poll: a configured session that heard from its client within the idle timeout
         deadline = self._silence_deadline()
         if deadline is None or now < deadline:
             return None
