@@ -154,8 +154,8 @@ class OmniStage0Port:
                      "stage2_crc32": zlib.crc32(audio)}
         if stamp is not None:
             telemetry.update(tick=stamp.tick, tick_size=stamp.size, held_ms=round(stamp.held_ms, 3))
-            result = replace(result, timings=replace(result.timings, held_ms=stamp.held_ms, late_ms=stamp.late_ms,
-                                                             batched_with=stamp.size))
+            timings = replace(result.timings, held_ms=stamp.held_ms, late_ms=stamp.late_ms, batched_with=stamp.size)
+            result = replace(result, timings=timings)
         result = replace(result, telemetry=telemetry)
         return replace(result, boundary=self.retimer.retime(result.boundary)) if self.audio_lag else result
 
