@@ -256,3 +256,54 @@ def test_a_position_without_an_answer_is_a_model_timeout(engine):
         port.step(PositionInput(bytes(2560)))
     port.abort()
     engine.api.loop.call_soon_threadsafe(omni.handle.ended.set)  # let the port's watcher finish
+
+
+def test_a_batched_position_says_how_many_positions_its_tick_released_together(engine):
+    """The tick's stamp reaches the position's timings: ``batched_with`` (what the session core's settlement wait reads,
+    ``settlement_await_s``), the hold and the lateness, beside the telemetry."""
+    import asyncio
+
+    from vllm_omni_voicechat.audio.speech import render_speech
+    from vllm_omni_voicechat.model.port import SessionPrompt
+    from vllm_omni_voicechat.omni.batching import TickStamp
+    from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, Configure, StartTurn
+    from vllm_omni_voicechat.session.core import SessionConfig, SessionCore
+    from vllm_omni_voicechat.shell.sync import SyncDriver
+
+    class ThreeOthers:
+        """A tick that releases each position at once, as if three other sessions' positions went with it."""
+
+        def enter(self, key):
+            pass
+
+        def leave(self, key):
+            pass
+
+        def submit(self, key, ready, submit, *, arrived=None):
+            stamp = TickStamp(tick=7, size=4, held_ms=1.5, late_ms=0.25)
+            asyncio.run_coroutine_threadsafe(submit(stamp), engine.api.loop).result(30)
+            return stamp
+
+    class Recording:
+        def __init__(self, port):
+            self.port, self.results = port, []
+
+        def step(self, position):
+            result = self.port.step(position)
+            self.results.append(result)
+            return result
+
+        def __getattr__(self, name):
+            return getattr(self.port, name)
+
+    model = Recording(port_for(engine, batcher=ThreeOthers()))
+    d = SyncDriver(SessionCore(SessionConfig(session_id="T", settlement_blank_frames=3)), model)
+    d.send(Configure(SessionPrompt("Be brief.")))
+    d.send(StartTurn(1, "s1"))
+    d.send(AppendAudio(render_speech("hi")))
+    d.send(CommitTurn(1, "c1"))
+    d.run()
+    assert model.results
+    assert {(r.timings.batched_with, r.timings.held_ms, r.timings.late_ms) for r in model.results} == {(4, 1.5, 0.25)}
+    assert {(r.telemetry["tick"], r.telemetry["tick_size"]) for r in model.results} == {(7, 4)}
+    model.port.abort()
