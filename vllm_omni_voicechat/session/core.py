@@ -597,20 +597,16 @@ class SessionCore:
         Speech, or any item that is not a microphone frame, ends this for the rest of the settlement: it never crosses
         them (the speech runs after the response starts)."""
         work = self.work
-        if not self.settlement_audio:
-            return dataclasses.replace(plan, queued_audio=False)
-        if not work:
-            until = self._settlement_wait(plan)
-            if until is not None:
-                return dataclasses.replace(plan, ready=until)  # still queued_audio: the next poll looks again
-            return dataclasses.replace(plan, queued_audio=False)
-        head = work[0]
-        if type(head) is not MicFrame or head.loud:
+        if self.settlement_audio and work:
+            head = work[0]
+            if type(head) is MicFrame and not head.loud:
+                work.popleft()
+                return dataclasses.replace(plan, pcm=head.pcm, transport_frame=head.transport_frame, ready=head.ready,
+                                           arrived=head.arrived, input_audio=True, queued_audio=False)
             self.settlement_audio = False
-            return dataclasses.replace(plan, queued_audio=False)
-        work.popleft()
-        return dataclasses.replace(plan, pcm=head.pcm, transport_frame=head.transport_frame, ready=head.ready,
-                                   arrived=head.arrived, input_audio=True, queued_audio=False)
+        elif self.settlement_audio and (until := self._settlement_wait(plan)) is not None:
+            return dataclasses.replace(plan, ready=until)  # still queued_audio: the next poll looks again
+        return dataclasses.replace(plan, queued_audio=False)
 
     def _settlement_wait(self, plan: Plan) -> float | None:
         """Until when a settlement position with nothing queued waits for the client's next frame (None: it runs on

@@ -32,6 +32,7 @@ from ..session.events import (
     StartSynthesis,
 )
 from ..synth.port import Synthesizer
+from ..wire.limits import message_bytes
 from .driving import Driven, Refusals
 
 Sink = Callable[[Any], Awaitable[None] | None]
@@ -120,12 +121,6 @@ LATE_INBOX_S = LATE_MS / 1000.0
 """A client message that waited half a frame in the inbox was read late (the tally's ``late_inbox``)."""
 
 
-def _size(message: str | bytes) -> int:
-    if isinstance(message, str):
-        return len(message) if message.isascii() else len(message.encode())
-    return len(message)
-
-
 def _nowhere(output: Any) -> None:
     """The sink of an ended shell."""
 
@@ -209,7 +204,7 @@ class SessionShell:
 
     def offer_nowait(self, message: str | bytes) -> bool | None:
         """:meth:`offer` without waiting: None (nothing queued) while the inbox and the refusals are both full."""
-        size = _size(message)
+        size = message_bytes(message)
         cap = self.max_inbox_messages
         # Frames the protocol object holds behind an unfinished barrier are still in the receive pump.
         fits = cap is None or self.inbox_messages + self.core.held_messages < cap

@@ -47,6 +47,11 @@ def bounded_message(message: str) -> str:
     return message if len(message) <= MAX_ERROR_MESSAGE_CHARS else message[: MAX_ERROR_MESSAGE_CHARS - 1] + "…"
 
 
+def message_bytes(message: str | bytes) -> int:
+    """A client frame's size in bytes (a text frame's UTF-8, encoding only when it is not ASCII)."""
+    return len(message) if isinstance(message, bytes) or message.isascii() else len(message.encode())
+
+
 def utf8_exceeds(data: str | bytes | bytearray | memoryview, limit: int) -> bool:
     """Whether ``data`` is more than ``limit`` bytes in UTF-8 (encoding only when the length cannot tell)."""
     if not isinstance(data, str):

@@ -31,6 +31,7 @@ from ..transport import (
     compact_json,
     server_json,
 )
+from ..limits import message_bytes
 from ..session import WireSession
 from . import parser
 from .project import V3Projector, WireEvent
@@ -83,10 +84,6 @@ class _HeldRefusal:
     """A frame the host's inbox refused while earlier frames were held: answered in its place in the order."""
 
     event_id: Any
-
-
-def _message_bytes(message: str | bytes) -> int:
-    return len(message) if isinstance(message, bytes) or message.isascii() else len(message.encode())
 
 
 def _is_int(value: Any) -> bool:
@@ -195,12 +192,12 @@ class V3Session(WireSession):
             if isinstance(append, parser.Refused):
                 break
             held.popleft()
-            command = AppendAudio(append.pcm, append.event_id, _message_bytes(item.message), item.arrived)
+            command = AppendAudio(append.pcm, append.event_id, message_bytes(item.message), item.arrived)
             wire.extend(self._project(core.receive(command, now), now))  # late from when it was read
         return wire
 
     def _receive(self, message: str | bytes, now: float, arrived: float | None = None) -> list[V3Output]:
-        self._wire_bytes = _message_bytes(message)
+        self._wire_bytes = message_bytes(message)
         env = parser.read(message)
         if isinstance(env, parser.Refused):
             return [self._refused(env)]
