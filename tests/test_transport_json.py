@@ -52,3 +52,52 @@ def test_what_orjson_refuses_goes_the_json_way():
 
 def test_a_client_nan_is_echoed_as_sent_by_compact_json():
     assert compact_json({"job_id": float("nan")}) == '{"job_id":NaN}'  # why echoes never take the fast path
+
+
+# ---------------------------------------------------------------------------------------------------- client frames
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text() | st.floats(),  # integers of any size, NaN, infinities
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20)
+
+
+def _decoded(decode, text):
+    try:
+        return ("value", decode(text))
+    except (ValueError, RecursionError) as exc:
+        return ("error", type(exc), str(exc))
+
+
+def _same(a, b):
+    return repr(a) == repr(b)  # NaN != NaN, and 1 == 1.0: the repr tells both apart
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(json_values)
+def test_a_client_frame_decodes_as_the_json_module_decodes_it(value):
+    text = json.dumps(value)
+    assert _same(_decoded(transport.client_json, text), _decoded(json.loads, text))
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(st.text(alphabet='{}[]",:0123456789.eE-+ \\u\tabfnrtlsNaIiy', max_size=30))
+def test_a_malformed_frame_raises_what_the_json_module_raises(text):
+    assert _same(_decoded(transport.client_json, text), _decoded(json.loads, text))
+
+
+def test_a_flat_object_is_orjsons_and_the_rest_is_the_decoders():
+    calls = []
+
+    def decode(text):
+        calls.append(text)
+        return json.loads(text)
+
+    append = '{"type":"input_audio_buffer.append","event_id":"e1","audio":"AAAA","n":7,"b":true,"z":null}'
+    assert transport.client_json(append, decode) == json.loads(append)
+    assert calls == []  # the fast path: every frame of a session
+    for text in ('{"id":123456789012345678901234567890}',  # orjson would give a float
+                 '{"x":1e400}', '{"x":NaN}', '{"x":"\\ud800"}',  # orjson refuses these
+                 '{"x":1.5}', '{"x":[1]}', '[1,2]', '"s"'):
+        assert _same(transport.client_json(text, decode), json.loads(text))
+    assert len(calls) == 8
+    assert transport.client_json('{"id":123456789012345678901234567890}')["id"] == 123456789012345678901234567890

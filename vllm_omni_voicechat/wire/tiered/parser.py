@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Mapping
 import pybase64
 
 from ..limits import MAX_JSON_CONTAINERS, too_many_containers, utf8_exceeds
-from ..transport import MAX_ECHOED_ID_CHARS
+from ..transport import MAX_ECHOED_ID_CHARS, client_json
 from .audio import AudioFormatError, check_sample_rate
 from .fields import FieldRejected, format_and_rate, is_number
 
@@ -618,7 +618,7 @@ def _parse(text: str | bytes) -> ClientEvent | ParseError:
     if too_many_containers(text):
         return ParseError("event_too_large", f"event has more than {MAX_JSON_CONTAINERS} JSON objects and arrays")
     try:
-        obj = _DECODER.decode(text)
+        obj = client_json(text, _DECODER.decode)
     except (ValueError, RecursionError):
         return ParseError("invalid_json", "event is not valid JSON")
     return _parse_object(obj)

@@ -17,7 +17,7 @@ from typing import Any
 from ...records import record
 from ...session.tools import InvalidTools, normalize_tools
 from ..limits import MAX_INSTRUCTIONS_CHARS, MAX_JSON_CONTAINERS, too_many_containers
-from ..transport import MAX_ECHOED_ID_CHARS
+from ..transport import MAX_ECHOED_ID_CHARS, client_json
 from .audio import AudioRejected, decode_append
 from .schema import MODEL_OUTPUT_MODE
 
@@ -133,7 +133,7 @@ def read(message: str | bytes) -> Envelope | Refused:
         return Refused("event_too_large", f"more than {MAX_JSON_CONTAINERS} JSON objects and arrays; event refused",
                        details={"max_json_containers": MAX_JSON_CONTAINERS})
     try:
-        body = json.loads(message)
+        body = client_json(message)
     except (ValueError, RecursionError) as exc:  # RecursionError: hostile nesting depth
         return Refused("invalid_json", f"invalid JSON: {exc}")
     if not isinstance(body, dict):
