@@ -150,3 +150,11 @@ def test_the_parser_knows_exactly_the_types_the_v3_session_handles():
     from vllm_omni_voicechat.wire.v3.connection import _HANDLERS
 
     assert set(_HANDLERS) == p.TYPES == set(_PARSERS)
+
+
+def test_an_id_beyond_64_bits_is_echoed_as_sent():
+    # Client frames decode through orjson where it gives the json module's values; it reads a big integer as a
+    # float, so such a frame is the json module's and its id stays an integer.
+    big = 123456789012345678901234567890
+    env = p.read(json.dumps({"type": "input_audio_buffer.append", "event_id": big, "audio": "AAAA"}))
+    assert isinstance(env, p.Envelope) and env.event_id == big and type(env.event_id) is int
