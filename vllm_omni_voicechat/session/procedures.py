@@ -8,7 +8,6 @@ state of their own: each is handed the core it runs on (a procedure's generator 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -271,7 +270,7 @@ def _settle_and_eou(core: SessionCore, ack: TurnCommitted | None, *, hold: bool 
     core.settlement_audio = True
     try:
         while not (not fused and settlement.fence_met):
-            controls = dataclasses.replace(settlement.next_controls(), pre_eou=True)
+            controls = settlement.next_controls()
             result = yield settlement_plan(controls)
             outcome = settlement.on_result(result, controls)
             if outcome.kind == "fatal":

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..audio.frames import dbfs
-from ..model.port import NO_CONTROLS, AgentControl, BoundaryPhase, PositionControls, StepResult
+from ..model.port import AgentControl, BoundaryPhase, PositionControls, StepResult
 
 DEFAULT_FENCE = 10
 SILENT_AUDIO_DBFS = -90.0
@@ -46,6 +46,9 @@ def activity_violation(result: StepResult) -> tuple[str, str] | None:
     return None
 
 
+_PRE_EOU = PositionControls(pre_eou=True)
+
+
 class Settlement:
     def __init__(self, *, fence: int, fused: bool, blank_count: int) -> None:
         if fence < 1:
@@ -61,13 +64,14 @@ class Settlement:
         return self.blank_count >= self.fence
 
     def next_controls(self) -> PositionControls:
+        """The next settlement position's controls: every one is pre-EOU (a client-owned settlement)."""
         if not self.fused:
-            return NO_CONTROLS
+            return _PRE_EOU
         if self.fence_met:
-            return PositionControls(eou_now=True)
+            return PositionControls(eou_now=True, pre_eou=True)
         if self.blank_count >= self.fence - 1:
-            return PositionControls(eou_at_fence=self.fence)
-        return NO_CONTROLS
+            return PositionControls(eou_at_fence=self.fence, pre_eou=True)
+        return _PRE_EOU
 
     def evidence(self) -> dict:
         return {
