@@ -128,7 +128,7 @@ def test_settling_waits_for_chunks_that_keep_coming_and_no_longer():
 
     def sender(names, gap):
         for name in names:
-            time.sleep(gap)  # the previous stage's sender thread, one chunk after another
+            time.sleep(gap)  # ok: the previous stage's sender thread, one chunk after another
             arrivals.add(name)
 
     thread = threading.Thread(target=sender, args=(["b", "c"], 0.0002))
