@@ -306,6 +306,55 @@ def test_the_inbox_wait_ends_at_an_item_or_its_deadline_and_leaves_no_waiter():
     asyncio.run(scenario())
 
 
+def test_the_inbox_timer_outlives_a_wait_and_moves_on_to_a_later_deadline():
+    from vllm_omni_voicechat.shell.aio import _Inbox
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        inbox = _Inbox()
+        first = loop.time() + 3600.0
+        waiting = asyncio.ensure_future(inbox.wait(first))
+        await asyncio.sleep(0)  # ok: one loop turn, so the wait starts
+        inbox.put_nowait("a")  # an item ends the wait: its timer stays armed
+        assert await waiting and inbox.get_nowait() == "a"
+        armed = inbox._timer
+        assert armed is not None and inbox._timer_at == first
+        later = first + 60.0
+        waiting = asyncio.ensure_future(inbox.wait(later))
+        await asyncio.sleep(0)  # ok: one loop turn, so the wait starts
+        assert inbox._timer is armed  # a later deadline keeps the armed timer
+        inbox._expire(loop)  # the armed timer fires, before this wait's deadline
+        await asyncio.sleep(0)  # ok: one loop turn, in which an ended wait would return
+        assert not waiting.done() and inbox._timer_at == later  # moved on to the wait's own deadline
+        inbox.put_nowait("b")
+        assert await waiting and inbox.get_nowait() == "b"
+        earlier = loop.time() + 1800.0
+        waiting = asyncio.ensure_future(inbox.wait(earlier))
+        await asyncio.sleep(0)  # ok: one loop turn, so the wait starts
+        assert inbox._timer_at == earlier  # an earlier deadline re-arms
+        inbox.put_nowait("c")
+        assert await waiting and inbox.get_nowait() == "c"
+        timer = inbox._timer
+        inbox.close()
+        assert inbox._timer is None and timer is not None and timer.cancelled()
+
+    asyncio.run(scenario())
+
+
+def test_the_inbox_deadline_ends_a_wait_no_earlier_than_the_timers_resolution():
+    from vllm_omni_voicechat.shell.aio import EARLY_WAKE_S, _Inbox
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        inbox = _Inbox()
+        assert not await inbox.wait(loop.time() + 0.001)
+        later = loop.time() + 0.02
+        assert not await inbox.wait(later)
+        assert loop.time() >= later - EARLY_WAKE_S and inbox._timer is None
+
+    asyncio.run(scenario())
+
+
 def backlogs(slice_s: float, step_s: float) -> list[str]:
     """Two sessions with a 12-frame backlog each, queued before either runs; the order their inline positions ran
     in. Each step advances the shells' clock by ``step_s``."""

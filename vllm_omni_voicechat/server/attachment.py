@@ -83,7 +83,9 @@ class Attachment:
 
     def sink(self, item: Any) -> None:
         """The shell's sink: what the protocol object hands its transport (never waits: puts are queued)."""
-        if isinstance(item, CloseTransport):
+        if type(item) is WireText:
+            self.send(item)
+        elif isinstance(item, CloseTransport):
             self.close_code = item.code
             self.close_reason = item.reason
             self.close_label = item.label or item.reason
@@ -96,8 +98,10 @@ class Attachment:
             return  # detached (the journal keeps it) or already replayed on this socket
         if not outbox.put(item.text):
             return  # overflow (the session's policy ran) or the client left
-        self.peak_outbound_bytes = max(self.peak_outbound_bytes, outbox.peak_bytes)
-        self.peak_outbound_events = max(self.peak_outbound_events, outbox.peak_events)
+        if outbox.peak_bytes > self.peak_outbound_bytes:
+            self.peak_outbound_bytes = outbox.peak_bytes
+        if outbox.peak_events > self.peak_outbound_events:
+            self.peak_outbound_events = outbox.peak_events
         if item.seq is not None:
             self.sent_through = item.seq
 

@@ -142,8 +142,10 @@ class Outbox:
             queue.append((text, size, 1, force))
         self._events += 1
         self.queued_bytes += size
-        self.peak_bytes = max(self.peak_bytes, self.queued_bytes - self._forced_bytes)
-        self.peak_events = max(self.peak_events, self._events - self._forced_events)
+        if self.queued_bytes - self._forced_bytes > self.peak_bytes:
+            self.peak_bytes = self.queued_bytes - self._forced_bytes
+        if self._events - self._forced_events > self.peak_events:
+            self.peak_events = self._events - self._forced_events
         if self._direct is None:
             self._wake.set()
         elif self._flush_at is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -73,13 +74,18 @@ class _Refused:
 class _Inbox:
     """The shell's FIFO with one waiter and a deadline. ``asyncio.wait_for(queue.get(), t)`` wraps the get in a
     task of its own on Python 3.11 (~6 us per wait, paid by every session between positions); this waits on one
-    future and a timer handle."""
+    future. Its timer outlives a wait: a wait whose deadline is later than the armed one (an idle timeout moved on
+    by the frame that just came) keeps it, and when it fires before the deadline of the wait then in progress it is
+    moved on to it, instead of a timer made and cancelled on every wait."""
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_waiter", "_deadline", "_timer", "_timer_at")
 
     def __init__(self) -> None:
         self._items: deque[Any] = deque()
         self._waiter: asyncio.Future | None = None
+        self._deadline: float | None = None  # the deadline of the wait in progress
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
     def put_nowait(self, item: Any) -> None:
         self._items.append(item)
@@ -99,19 +105,43 @@ class _Inbox:
             return True
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+        self._deadline = deadline
+        if deadline is not None and deadline < self._timer_at:
+            self._arm(loop, deadline)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
         return bool(self._items)
 
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self._expire, loop)
+        self._timer_at = when
 
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        waiter, deadline = self._waiter, self._deadline
+        if waiter is None or waiter.done() or deadline is None:
+            return  # no wait, or one without a deadline: the next wait with one arms a timer again
+        if loop.time() < deadline - EARLY_WAKE_S:
+            self._arm(loop, deadline)  # armed for an earlier wait's deadline: on to this one's
+            return
         waiter.set_result(None)
+
+    def close(self) -> None:
+        """Cancel the armed timer (the loop would hold the inbox, and what is queued in it, until it fires)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_at = math.inf
+
+
+EARLY_WAKE_S = 0.001
+"""A deadline timer that fires less than this before the wait's deadline ends the wait (the shell polls and, if
+nothing is due yet, waits again), as a timer armed for it would: timers keep a millisecond's resolution."""
 
 
 BACKLOG_SLICE_S = 0.002
@@ -213,8 +243,10 @@ class SessionShell:
         if fits:
             self.inbox_messages += 1
             self.inbox_bytes += size
-            self.peak_inbox_messages = max(self.peak_inbox_messages, self.inbox_messages)
-            self.peak_inbox_bytes = max(self.peak_inbox_bytes, self.inbox_bytes)
+            if self.inbox_messages > self.peak_inbox_messages:
+                self.peak_inbox_messages = self.inbox_messages
+            if self.inbox_bytes > self.peak_inbox_bytes:
+                self.peak_inbox_bytes = self.inbox_bytes
             self._inbox.put_nowait(_Offered(message, size, self._clock()))
             return True
         if self._refusals is not None and (cap is None or self.pending_refusals < cap):
@@ -274,7 +306,8 @@ class SessionShell:
             while not self.core.closed:
                 now = self._clock()
                 tick = self.core.poll(now)
-                await self._dispatch(tick.outputs)
+                if tick.outputs and not self._published(tick.outputs):
+                    await self._dispatch(tick.outputs)
                 if self.core.closed:
                     break
                 if tick.position is not None:
@@ -295,7 +328,8 @@ class SessionShell:
                     else:
                         self.last_step_at = now = self._clock()
                         outputs = self.core.complete(tick.position, result, now)
-                    await self._dispatch(outputs)
+                    if outputs and not self._published(outputs):
+                        await self._dispatch(outputs)
                     self._room.set()  # a position's ack may have released held frames
                     while not self.core.closed and not self._inbox.empty():
                         slice_end = await self._share(slice_end)
@@ -341,7 +375,22 @@ class SessionShell:
         elif isinstance(item, _Wake):
             pass  # the loop polls again
         else:
-            await self._dispatch(self.core.receive(item, now, arrived))
+            outputs = self.core.receive(item, now, arrived)
+            if outputs and not self._published(outputs):
+                await self._dispatch(outputs)
+
+    def _published(self, outputs: list[Any]) -> bool:
+        """Hand ``outputs`` to a plain sink when none is an effect (most positions: a few events), without the
+        coroutine :meth:`_dispatch` is; False (nothing handed) when :meth:`_dispatch` must take them."""
+        if self._sink_is_async:
+            return False
+        for output in outputs:
+            if isinstance(output, Effect):
+                return False
+        sink = self._sink
+        for output in outputs:
+            sink(output)
+        return True
 
     async def _dispatch(self, outputs: list[Any], *, publish: bool = True) -> None:
         for output in outputs:
@@ -428,6 +477,7 @@ class SessionShell:
             self._synthesizing = False
 
     async def _teardown(self) -> None:
+        self._inbox.close()
         if not self.core.closed:  # cancelled from outside: tear down like a disconnect
             outputs = self.core.disconnect(self._clock())
             if any(isinstance(o, AbortModel) for o in outputs):

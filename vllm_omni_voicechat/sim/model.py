@@ -186,7 +186,7 @@ class SimulatorModel:
             self._eos_requested = True
 
         eou, fence_count = self._eou_due(c.eou_now, rnnt)
-        agent = AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"])
+        agent = _PAD
         audio = SILENT_OUTPUT_FRAME
         boundary_started = ended = False
         reason: str | None = None
@@ -235,6 +235,7 @@ class SimulatorModel:
         tool_call: ToolCall | None = None
         if raw_call is not None or (self._gate.latch_pending and not eou):
             effective = self._gate.admit(SOTC if raw_call else None, frame=index, pre_eou=c.pre_eou, eou_position=eou)
+            self._telemetry = None
             if effective == SOTC:
                 self._begin_cycle(self._latched_call or raw_call or self._first_tool_call())
                 self._pending_call = self._pending_call or self._latched_call
@@ -258,17 +259,24 @@ class SimulatorModel:
         if agent.control is AgentControl.AGENT_EOS and self.behaviour.tail_positions <= 0:
             ended, reason, phase = True, "post_eos_audio_silence", BoundaryPhase.COMPLETE
             self._phase = _Phase.LISTENING
+        if boundary_started or ended:
+            boundary = ResponseBoundary(phase, boundary_started, ended, reason)
+        else:
+            boundary = _BOUNDARIES[phase]  # most positions: a shared value
+        telemetry = self._telemetry
+        if telemetry is None:  # the gate's counts change only when it admits a token: one dict until then
+            telemetry = self._telemetry = self._gate.telemetry()
         return StepResult(
-            audio=audio,
-            agent=agent,
-            rnnt=rnnt,
-            function=fn_state,
-            tool_call=tool_call,
-            boundary=ResponseBoundary(phase, boundary_started, ended, reason),
-            eou_consumed=eou,
-            fence_blank_count=fence_count,
-            timings=StepTimings(inference_ms=(self._timer() - t0) * 1000.0),
-            telemetry=self._gate.telemetry(),
+            audio,
+            agent,
+            rnnt,
+            fn_state,
+            tool_call,
+            boundary,
+            eou,
+            fence_count,
+            StepTimings((self._timer() - t0) * 1000.0),
+            telemetry,
         )
 
     # --- listening ----------------------------------------------------------------------------------------
@@ -305,6 +313,8 @@ class SimulatorModel:
         self._post_fc_bos = False
         self._force_bos_next = False
         self._gate: FunctionGate[str] = FunctionGate(SOTC)
+        self._telemetry: dict | None = None
+        """The gate's telemetry since it last admitted a token (shared by those positions' results: read-only)."""
 
     def _hear(self, pcm: bytes) -> RnntEvidence:
         if self._decoder is None:  # real speech stepped before any prefill
@@ -374,11 +384,11 @@ class SimulatorModel:
             self._tail_left = self.behaviour.tail_positions
             return AgentOutput(AgentControl.AGENT_EOS, TOKEN_IDS["eos"]), SILENT_OUTPUT_FRAME
         if force_pad:
-            return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), SILENT_OUTPUT_FRAME
+            return _PAD, SILENT_OUTPUT_FRAME
         if self.behaviour.stalled_response == "silent":
-            return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), SILENT_OUTPUT_FRAME
+            return _PAD, SILENT_OUTPUT_FRAME
         if self.behaviour.stalled_response == "hum":
-            return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), _HUM
+            return _PAD, _HUM
         if done:  # endless: keep talking
             if self.real_speech:
                 self._say("and more")
@@ -388,7 +398,7 @@ class SimulatorModel:
             audio = self._voice.popleft()
             text = "".join(self._reply.popleft() for _ in range(self._schedule.popleft()))
             if not text:
-                return AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"]), audio
+                return _PAD, audio
             return AgentOutput(AgentControl.TEXT, TOKEN_IDS["text"], text), audio
         token = self._reply.popleft()
         audio = render_token_audio(token, 22_050, OUTPUT_FRAME_SAMPLES)
@@ -491,6 +501,10 @@ class SimulatorModel:
             latched=latched,
         )
 
+
+_PAD = AgentOutput(AgentControl.PAD, TOKEN_IDS["pad"])
+_BOUNDARIES = {phase: ResponseBoundary(phase) for phase in BoundaryPhase}
+"""The boundary of a position that neither starts nor ends a response, by phase."""
 
 _HUM = (np.sin(np.arange(OUTPUT_FRAME_SAMPLES) * (2 * np.pi * 150 / 22_050)) * 3000).astype("<i2").tobytes()
 

@@ -381,11 +381,16 @@ class V3Session(WireSession):
         return self._project(self.core.abort_session(code, message, now, client_event_id=client_event_id), now)
 
     def _project(self, outputs: list[ev.Output], now: float) -> list[V3Output]:
+        if not outputs and (self._close_sent or self._close_code is None):
+            return []  # most polls: nothing happened and no close is due
         if self.tally is not None:
             self.tally.observe_all(outputs, now)
         wire: list[V3Output] = []
+        project = self.projector.project
         for o in outputs:
-            if isinstance(o, ev.Effect):
+            if type(o) in _SERVER_MADE:  # a position's metrics and deltas: most events, and none of the cases below
+                wire.append(WireText(server_json(project(o))))
+            elif isinstance(o, ev.Effect):
                 wire.append(o)
             elif isinstance(o, ev.ListenDecision):
                 continue  # legacy turns: a candidate turn without words is closed by its speech_stopped/completed
@@ -395,8 +400,7 @@ class V3Session(WireSession):
             else:
                 if isinstance(o, (ev.TurnStarted, ev.TurnCommitted)) and o.client_event_id == self._awaiting_ack:
                     self._awaiting_ack = None
-                encode = server_json if type(o) in _SERVER_MADE else compact_json
-                wire.append(WireText(encode(self.projector.project(o))))
+                wire.append(WireText(compact_json(project(o))))
                 if isinstance(o, ev.Error) and o.fatal and self._close_code is None:
                     self._close_code = close_code_for(o.code)
                     self._close_reason = o.code

@@ -52,34 +52,42 @@ class V3Projector:
     def project(self, e: ev.NativeEvent) -> WireEvent:  # noqa: C901 - one branch per event type
         env = self.envelope
         match e:
-            case ev.PositionMetrics():
-                return env(
-                    "voicechat.metrics",
-                    frame=e.frame,
-                    transport_frame=e.transport_frame,
-                    inference_ms=e.inference_ms,
-                    server_step_ms=e.server_step_ms,
-                    budget_ms=e.budget_ms,
-                    over_budget=e.over_budget,
-                    input_audio=e.input_audio,
-                    output_audio=e.output_audio,
-                    model_output_audio=e.output_audio,
-                    audio_delivered=e.audio_delivered,
-                    turn_state={"kind": e.kind, **e.turn_state},
-                    turn_id=e.turn_id,
-                    response_id=e.response_id,
-                    step9_capture_fallback=False,
-                )
+            case ev.PositionMetrics():  # every position: the envelope written out (no keyword dict to merge)
+                self._seq += 1
+                sid = self.session_id
+                return {
+                    "type": "voicechat.metrics",
+                    "event_id": f"evt_{sid}_{self._seq}",
+                    "session_id": sid,
+                    "frame": e.frame,
+                    "transport_frame": e.transport_frame,
+                    "inference_ms": e.inference_ms,
+                    "server_step_ms": e.server_step_ms,
+                    "budget_ms": e.budget_ms,
+                    "over_budget": e.over_budget,
+                    "input_audio": e.input_audio,
+                    "output_audio": e.output_audio,
+                    "model_output_audio": e.output_audio,
+                    "audio_delivered": e.audio_delivered,
+                    "turn_state": {"kind": e.kind, **e.turn_state},
+                    "turn_id": e.turn_id,
+                    "response_id": e.response_id,
+                    "step9_capture_fallback": False,
+                }
             case ev.AudioDelta():
-                return env(
-                    "response.output_audio.delta",
-                    turn_id=e.turn_id,
-                    response_id=e.response_id,
-                    delta=pybase64.b64encode(e.pcm).decode("ascii"),
-                    encoding="pcm16",
-                    sample_rate=OUTPUT_SAMPLE_RATE,
-                    channels=1,
-                )
+                self._seq += 1
+                sid = self.session_id
+                return {
+                    "type": "response.output_audio.delta",
+                    "event_id": f"evt_{sid}_{self._seq}",
+                    "session_id": sid,
+                    "turn_id": e.turn_id,
+                    "response_id": e.response_id,
+                    "delta": pybase64.b64encode(e.pcm).decode("ascii"),
+                    "encoding": "pcm16",
+                    "sample_rate": OUTPUT_SAMPLE_RATE,
+                    "channels": 1,
+                }
             case ev.TextDelta():
                 return env("response.output_text.delta", turn_id=e.turn_id, response_id=e.response_id, delta=e.delta, text=e.text)
             case ev.TranscriptDelta():
