@@ -482,8 +482,8 @@ def test_digital_silence_skips_even_the_quiet_check():
     same steps as the full path, also when the silence follows a word and ends it."""
     decoder = SpeechDecoder(IN_SR)
     calls = []
-    real_silent, real_quiet = decoder._silent_chunk, decoder._quiet
-    decoder._silent_chunk = lambda *a: calls.append("silent") or real_silent(*a)
+    real_silent, real_quiet = decoder._silence, decoder._quiet
+    decoder._silence = lambda *a: calls.append("silent") or real_silent(*a)
     decoder._quiet = lambda *a: calls.append("quiet") or real_quiet(*a)
     decoder.feed(bytes(2_560))
     assert calls == ["silent"]

@@ -327,6 +327,13 @@ class SpeechDecoder:
 
     def feed(self, pcm16: bytes) -> DecodeStep:
         """Decode one chunk of PCM16 little-endian mono at ``sample_rate``."""
+        if not self._byte_carry and not self._on and self.quiet_fast_path:
+            size = len(pcm16)
+            if not size % 2 and size // 2 >= self._p.keep and pcm16 == zero_bytes(size):
+                # Digital silence after an "off" window (most frames): what _process comes to, without an array
+                out: list[str] = []
+                self._silence(self._pos + size // 2, out)
+                return DecodeStep(tuple(out), False) if out else _EMPTY_STEP
         if self._byte_carry:
             data = self._byte_carry + bytes(pcm16)
             self._byte_carry = b""
@@ -546,16 +553,20 @@ class SpeechDecoder:
     def _silent_chunk(self, x: np.ndarray, out: list[str], pos_end: int) -> bool:
         """:meth:`_quiet_chunk` for all-zero samples: the new tail squares are zeros and so are the kept samples
         when the chunk is at least as long as what is kept (shared arrays: nothing writes these in place)."""
-        p = self._p
-        if x.size < p.keep:
+        if x.size < self._p.keep:
             return self._quiet_chunk(x, out, pos_end)
+        self._silence(pos_end, out)
+        return False
+
+    def _silence(self, pos_end: int, out: list[str]) -> None:
+        """Digital silence up to ``pos_end``, at least ``keep`` samples of it, after an "off" window."""
+        p = self._p
         self._sq_tail = p.zero_tail
         self._tail_sum = 0
         self._emit_quiet(out, pos_end)
         self._pos = pos_end
         self._buf = p.zero_keep
         self._buf_start = pos_end - p.keep
-        return False
 
     def _quiet_chunk(self, x: np.ndarray, out: list[str], pos_end: int) -> bool:
         """What :meth:`_process` does for a chunk that is "off" throughout after an "off" one (no runs start

@@ -316,7 +316,7 @@ class SessionShell:
                         if not self._inline_steps:
                             result = await self._model_call(self.model.step, tick.position.input)
                         else:
-                            slice_end = await self._share(slice_end)
+                            slice_end = self._within_slice(slice_end) or await self._next_slice()
                             if self._model_lock.locked() or self._stray is not None:
                                 async with self._model_lock:  # after the prefill (or abort) in the executor
                                     await self._settle_stray()
@@ -332,11 +332,11 @@ class SessionShell:
                         await self._dispatch(outputs)
                     self._room.set()  # a position's ack may have released held frames
                     while not self.core.closed and not self._inbox.empty():
-                        slice_end = await self._share(slice_end)
+                        slice_end = self._within_slice(slice_end) or await self._next_slice()
                         await self._handle(self._inbox.get_nowait())
                     continue
                 if not self._inbox.empty():  # client frames back to back: within the same slice
-                    slice_end = await self._share(slice_end)
+                    slice_end = self._within_slice(slice_end) or await self._next_slice()
                     await self._handle(self._inbox.get_nowait())
                     continue
                 deadline = None
@@ -349,14 +349,17 @@ class SessionShell:
         finally:
             await self._teardown()
 
-    async def _share(self, slice_end: float | None) -> float:
-        """Work back to back (client frames, inline positions) holds the loop for at most a slice, then yields: a
-        client flooding its inbox gets its turn, not everyone's."""
-        now = self._clock()
+    def _within_slice(self, slice_end: float | None) -> float | None:
+        """Work back to back (client frames, inline positions) holds the loop for at most a slice, then yields (a
+        client flooding its inbox gets its turn, not everyone's): the slice's end, or None once it has passed."""
         if slice_end is None:
-            return now + self.backlog_slice_s
-        if now < slice_end:
+            return self._clock() + self.backlog_slice_s
+        if self._clock() < slice_end:
             return slice_end
+        return None
+
+    async def _next_slice(self) -> float:
+        """Yield the loop once; the end of the next slice."""
         await asyncio.sleep(0)
         return self._clock() + self.backlog_slice_s
 

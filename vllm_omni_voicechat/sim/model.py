@@ -24,6 +24,7 @@ from ..audio.speech import SpeechDecoder, render_token_audio
 from ..model.function_gate import FunctionGate
 from ..model.port import (
     IDLE_FUNCTION,
+    NO_CONTROLS,
     AgentControl,
     AgentOutput,
     BoundaryPhase,
@@ -118,6 +119,7 @@ class SimulatorModel:
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.behaviour = behaviour or SimBehaviour()
+        self._listener_of: SimBehaviour | None = None
         self.real_speech = real_speech
         """Hear with PocketSphinx and speak with eSpeak NG (``sim/real_speech.py``) instead of simulator speech."""
         self._ear: SphinxEar | None = None
@@ -176,6 +178,22 @@ class SimulatorModel:
         self.positions += 1
 
         rnnt = self._hear(position.pcm)
+        if (
+            c is NO_CONTROLS
+            and self._phase is _Phase.LISTENING
+            and self._armed_fence is None
+            and not (self._fn_emit or self._fn_awaiting or self._inject or self._fn_awaiting_eotr)
+            and not self._force_bos_next
+            and not self._gate.latch_pending
+            and b is self._listener
+        ):
+            # Most positions of a conversation: listening, nothing armed or pending, a behaviour that starts nothing
+            # by itself. What the steps below come to then, without walking them.
+            telemetry = self._telemetry
+            if telemetry is None:
+                telemetry = self._telemetry = self._gate.telemetry()
+            return StepResult(SILENT_OUTPUT_FRAME, _PAD, rnnt, IDLE_FUNCTION, None, _BOUNDARIES[BoundaryPhase.IDLE],
+                              False, None, StepTimings((self._timer() - t0) * 1000.0), telemetry)
         if c.cancel_eou:
             self._armed_fence = None
         if c.eou_at_fence is not None:
@@ -403,6 +421,17 @@ class SimulatorModel:
         token = self._reply.popleft()
         audio = render_token_audio(token, 22_050, OUTPUT_FRAME_SAMPLES)
         return AgentOutput(AgentControl.TEXT, TOKEN_IDS["text"], token), audio
+
+    @property
+    def _listener(self) -> SimBehaviour | None:
+        """The behaviour when it starts nothing on a listening position by itself (no scripted start, no
+        diagnostic turn taking, no blank-free ear), else None; recomputed when the behaviour is replaced."""
+        b = self.behaviour
+        if self._listener_of is not b:
+            self._listener_of = b
+            self._listener_ok = (b.self_start_response_at is None and b.self_start_function_at is None
+                                 and b.function_head_sotc_at is None and b.legacy_turn_blanks is None)
+        return b if self._listener_ok else None
 
     # --- function channel ---------------------------------------------------------------------------------
 
