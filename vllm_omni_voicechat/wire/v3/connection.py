@@ -222,6 +222,8 @@ class V3Session(WireSession):
         wake = tick.wake_at
         if tick.position is None and (deadline := self._silence_deadline()) is not None:
             wake = deadline if wake is None else min(wake, deadline)
+        if not outputs and not tick.outputs and wake == tick.wake_at:
+            return tick  # nothing to project and no deadline of ours sooner: the core's tick says it all
         return Tick(outputs, tick.position, wake)
 
     def _silence_deadline(self) -> float | None:
