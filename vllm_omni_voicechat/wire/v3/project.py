@@ -24,8 +24,11 @@ class V3Projector:
         self._seq = 0
 
     def envelope(self, type_: str, **fields: Any) -> WireEvent:
+        return {"type": type_, "event_id": self._event_id(), "session_id": self.session_id, **fields}
+
+    def _event_id(self) -> str:
         self._seq += 1
-        return {"type": type_, "event_id": f"evt_{self.session_id}_{self._seq}", "session_id": self.session_id, **fields}
+        return f"evt_{self.session_id}_{self._seq}"
 
     def error(self, code: str, message: str, fatal: bool, client_event_id: Any = None, **details: Any) -> WireEvent:
         body: dict[str, Any] = {"code": code, "message": bounded_message(message), "fatal": fatal}
@@ -53,12 +56,10 @@ class V3Projector:
         env = self.envelope
         match e:
             case ev.PositionMetrics():  # every position: the envelope written out (no keyword dict to merge)
-                self._seq += 1
-                sid = self.session_id
                 return {
                     "type": "voicechat.metrics",
-                    "event_id": f"evt_{sid}_{self._seq}",
-                    "session_id": sid,
+                    "event_id": self._event_id(),
+                    "session_id": self.session_id,
                     "frame": e.frame,
                     "transport_frame": e.transport_frame,
                     "inference_ms": e.inference_ms,
@@ -75,12 +76,10 @@ class V3Projector:
                     "step9_capture_fallback": False,
                 }
             case ev.AudioDelta():
-                self._seq += 1
-                sid = self.session_id
                 return {
                     "type": "response.output_audio.delta",
-                    "event_id": f"evt_{sid}_{self._seq}",
-                    "session_id": sid,
+                    "event_id": self._event_id(),
+                    "session_id": self.session_id,
                     "turn_id": e.turn_id,
                     "response_id": e.response_id,
                     "delta": pybase64.b64encode(e.pcm).decode("ascii"),
