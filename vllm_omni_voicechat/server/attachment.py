@@ -83,14 +83,12 @@ class Attachment:
 
     def sink(self, item: Any) -> None:
         """The shell's sink: what the protocol object hands its transport (never waits: puts are queued)."""
-        if type(item) is WireText:
+        if isinstance(item, WireText):  # most items: checked first
             self.send(item)
         elif isinstance(item, CloseTransport):
             self.close_code = item.code
             self.close_reason = item.reason
             self.close_label = item.label or item.reason
-        elif isinstance(item, WireText):
-            self.send(item)
 
     def send(self, item: WireText) -> None:
         outbox = self.outbox

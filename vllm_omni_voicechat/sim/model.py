@@ -119,7 +119,8 @@ class SimulatorModel:
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.behaviour = behaviour or SimBehaviour()
-        self._listener_of: SimBehaviour | None = None
+        self._listener_of: SimBehaviour | None = None  # the behaviour _listener_ok was worked out for
+        self._listener_ok = False
         self.real_speech = real_speech
         """Hear with PocketSphinx and speak with eSpeak NG (``sim/real_speech.py``) instead of simulator speech."""
         self._ear: SphinxEar | None = None
