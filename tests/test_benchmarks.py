@@ -243,3 +243,17 @@ def test_tick_model_runs_the_engine_tick_deterministically(tmp_path):
         assert first == tick_model.simulate(step=10.0, per_row=1.5, policy=policy, seed=4, duration=20_000.0)
         assert first["late"] == 0 and first["settlement_p50_ms"] > 0
         assert first["positions"]["real"] > 0 and first["forwards_by_rows"].get(4, 0) > 0
+
+
+def test_transport_floor_smoke(tmp_path, capsys):
+    import transport_floor
+
+    out = tmp_path / "floor.json"
+    assert transport_floor.main(["--quick", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "transport_floor"
+    result = report["result"]
+    assert result["sessions"] == 4 and result["window_s"] == 2.0
+    assert result["frames_sent"] > 0 and result["bytes_received"] > 0  # answered; the CPU figure is not asserted
+    assert result["server_cores"] >= 0
+    assert capsys.readouterr().out.startswith("transport floor: 4 sessions, server ")
