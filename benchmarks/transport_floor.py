@@ -121,7 +121,7 @@ def _serve(sock: socket.socket) -> None:
     uvloop.run(main())
 
 
-def _load(port: int, sessions: int, start_at: float, seconds: float, sent: Any, received: Any) -> None:
+def _load(port: int, sessions: int, start_at: float, frames: int, sent: Any, received: Any) -> None:
     async def one(i: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         answered = asyncio.Event()
@@ -132,12 +132,11 @@ def _load(port: int, sessions: int, start_at: float, seconds: float, sent: Any, 
                 answered.set()
 
         reading = asyncio.ensure_future(discard())
-        due = start_at + (i % 100) * FRAME_S / 100
-        while due < start_at + seconds:
-            await asyncio.sleep(max(0.0, due - time.time()))
+        first = start_at + (i % 100) * FRAME_S / 100
+        for k in range(frames):
+            await asyncio.sleep(max(0.0, first + k * FRAME_S - time.time()))
             writer.write(CLIENT_FRAME)
             sent.value += 1
-            due += FRAME_S
         await asyncio.wait_for(answered.wait(), ANSWER_TIMEOUT_S)  # awaited: a loaded machine answers late
         writer.close()
         reading.cancel()
@@ -162,8 +161,8 @@ def measure(sessions: int, warmup_s: float, window_s: float) -> dict:
     start_at = time.time() + 2.0
     loads = [n for n in (sessions // 2, sessions - sessions // 2) if n]
     counts = [(mp.Value("q", 0, lock=False), mp.Value("q", 0, lock=False)) for _ in loads]  # each client its own
-    clients = [mp.Process(target=_load, args=(port, n, start_at, warmup_s + window_s + 1.0, sent, received),
-                          daemon=True)
+    frames = round((warmup_s + window_s + 1.0) / FRAME_S)  # each session's appends: past the window's end
+    clients = [mp.Process(target=_load, args=(port, n, start_at, frames, sent, received), daemon=True)
                for n, (sent, received) in zip(loads, counts, strict=True)]
     for client in clients:
         client.start()
