@@ -43,10 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, write_report
 
+from vllm_omni_voicechat.audio.frames import (
+    FRAME_SECONDS,
+    INPUT_SAMPLE_RATE,
+    OUTPUT_SAMPLE_RATE,
+    SILENT_INPUT_FRAME,
+    SILENT_OUTPUT_FRAME,
+)
+
 DEFAULT_OUT = RESULTS / "transport_floor.json"
-FRAME_S = 0.08
-INPUT_PCM = bytes(2560)  # 80 ms at 16 kHz, PCM16
-OUTPUT_PCM = bytes(3528)  # 80 ms at 22.05 kHz, PCM16
+FRAME_S = FRAME_SECONDS
 DELTA_EVERY = 3
 """An audio delta goes out with one frame in this many (a v3 session at 300 sends ~2 events a position)."""
 ANSWER_TIMEOUT_S = 60.0
@@ -54,7 +60,8 @@ ANSWER_TIMEOUT_S = 60.0
 _MASK = b"\x11\x22\x33\x44"
 _HEAD16 = struct.Struct("!BBH")
 _APPEND = orjson.dumps({"type": "input_audio_buffer.append", "event_id": "evt_client_000001",
-                        "audio": base64.b64encode(INPUT_PCM).decode(), "encoding": "pcm16", "sample_rate": 16000,
+                        "audio": base64.b64encode(SILENT_INPUT_FRAME).decode(), "encoding": "pcm16",
+                        "sample_rate": INPUT_SAMPLE_RATE,
                         "channels": 1})
 CLIENT_FRAME = _HEAD16.pack(0x81, 0x80 | 126, len(_APPEND)) + _MASK + apply_mask(_APPEND, _MASK)
 """One masked text frame of a 3.5 KB append: what a v3 client sends every 80 ms."""
@@ -108,7 +115,8 @@ def _metrics(seq: int) -> dict:
 def _delta(seq: int) -> dict:
     return {"type": "response.output_audio.delta", "event_id": f"evt_s_{seq}_audio", "session_id": "s",
             "turn_id": "turn_1", "response_id": "response_1",
-            "delta": pybase64.b64encode(OUTPUT_PCM).decode("ascii"), "encoding": "pcm16", "sample_rate": 22050,
+            "delta": pybase64.b64encode(SILENT_OUTPUT_FRAME).decode("ascii"), "encoding": "pcm16",
+            "sample_rate": OUTPUT_SAMPLE_RATE,
             "channels": 1}
 
 
