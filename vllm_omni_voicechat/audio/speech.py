@@ -322,6 +322,7 @@ class SpeechDecoder:
         self._emitted_any = False
         self._last_ends_space = False
         self._after_placeholder = False
+        self._loud = False  # the last chunk was energetic: the next one most likely is too
 
     # -- public ---------------------------------------------------------------------------------------
 
@@ -435,7 +436,7 @@ class SpeechDecoder:
             # every window ending in it sums a suffix of that window's squares, so it is off too.
             if silent:
                 return self._silent_chunk(x, out, pos_end)
-            if self._quiet(x):
+            if not self._loud and self._quiet(x):  # a check that fails on speech: not tried during it
                 return self._quiet_chunk(x, out, pos_end)
 
         # envelope: exact sum of squares over the last m samples (causal), thresholded
@@ -529,6 +530,7 @@ class SpeechDecoder:
         self._run_start = run_start
         self._run_real = run_real
         self._keep(x, buf, buf_start, pos_end)
+        self._loud = energetic
         return energetic
 
     def _keep(self, x: np.ndarray, buf: np.ndarray, buf_start: int, pos_end: int) -> None:
@@ -563,6 +565,7 @@ class SpeechDecoder:
         p = self._p
         self._sq_tail = p.zero_tail
         self._tail_sum = 0
+        self._loud = False
         self._emit_quiet(out, pos_end)
         self._pos = pos_end
         self._buf = p.zero_keep
@@ -577,6 +580,7 @@ class SpeechDecoder:
         tail *= tail
         self._sq_tail = tail
         self._tail_sum = None
+        self._loud = False
         self._emit_quiet(out, pos_end)
         if self._buf.size:
             self._keep(x, np.concatenate((self._buf, x)), self._buf_start, pos_end)
