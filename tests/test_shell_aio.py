@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
+import json
 import threading
 
 import pytest
 
+from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
 from vllm_omni_voicechat.audio.speech import render_speech
 from vllm_omni_voicechat.model.port import SessionPrompt
 from vllm_omni_voicechat.session.commands import AppendAudio, CommitTurn, Configure, StartTurn, Stop
@@ -16,6 +19,7 @@ from vllm_omni_voicechat.session.events import NativeEvent, ResponseDone, Sessio
 from vllm_omni_voicechat.shell.aio import SessionShell
 from vllm_omni_voicechat.sim.model import SimBehaviour, SimulatorModel
 from vllm_omni_voicechat.synth.simulated import SimulatorSynthesizer
+from vllm_omni_voicechat.wire.v3 import V3Options, V3Session
 
 from .helpers import names
 
@@ -428,6 +432,9 @@ def test_a_client_message_read_40_ms_or_more_after_it_arrived_is_counted_late():
         task = asyncio.create_task(shell.run())
 
         async def read(message: str, waited: float) -> None:
+            # The loop is woken for something else first, so the message waits in the inbox (one offered while the
+            # loop waits with nothing queued is handled in the offering call: never late).
+            shell.wake()
             assert shell.offer_nowait(message)
             now[0] += waited  # the loop gets to the session this much later
             while not wire.read or wire.read[-1][0] != message:
@@ -533,3 +540,199 @@ def test_typed_requests_replaced_as_fast_as_they_come_run_one_synthesis_at_a_tim
     assert started.job_id == "j49"
     # The one running when the rest came (which one depends on when the loop let the synthesis start), then the last.
     assert synth.texts[-1] == "text 49" and len(synth.texts) <= 2 and synth.most_running == 1
+
+
+LOUD = bytes([0x00, 0x40] * (INPUT_FRAME_BYTES // 2))
+
+
+def v3_append(pcm: bytes, event_id: str) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "event_id": event_id, "encoding": "pcm16",
+                       "sample_rate": 16000, "channels": 1, "audio": base64.b64encode(pcm).decode()})
+
+
+def v3_turn_start(event_id: str) -> str:
+    return json.dumps({"type": "input_audio_buffer.turn_start", "event_id": event_id, "client_turn_id": 1})
+
+
+async def configured_v3_shell(now: list[float], out: list, model: SimulatorModel | None = None,
+                              **kw) -> tuple[SessionShell, V3Session, asyncio.Task]:
+    """A v3 session on the shell, configured, with its loop waiting for the client (nothing queued)."""
+    session = V3Session(SessionCore(SessionConfig(session_id="S", settlement_blank_frames=3)), V3Options())
+    shell = SessionShell(session, model or SimulatorModel(SimBehaviour(tail_positions=0)), out.append,
+                         synthesizer=SimulatorSynthesizer(), clock=lambda: now[0], **kw)
+    out.extend(session.start(now[0]))
+    task = asyncio.create_task(shell.run())
+    assert shell.offer_nowait(json.dumps({"type": "session.update", "event_id": "u",
+                                          "session": {"protocol_version": 3}}))
+    while not (session.core.configured and shell._inbox.parked):
+        await asyncio.sleep(0)  # ok: the prefill runs in the executor; the awaited condition is the loop's wait
+    return shell, session, task
+
+
+def wire_types(out: list) -> list[tuple[str, int | None]]:
+    return [(e["type"], e.get("transport_frame")) for e in (json.loads(o.text) for o in out)]
+
+
+def test_a_frame_offered_while_the_loop_waits_is_handled_in_the_offering_call():
+    """No wake-up, no turn of the event loop: the frame is read, its position runs and its events reach the sink
+    before ``offer_nowait`` returns; nothing is queued, so nothing is late."""
+
+    async def main():
+        out: list = []
+        shell, session, task = await configured_v3_shell([10.0], out)
+        del out[:]
+        assert shell.offer_nowait(v3_turn_start("s1"))
+        assert wire_types(out) == [("input_audio_buffer.speech_started", None),
+                                   ("input_audio_buffer.turn_started", None)]
+        for k in range(3):
+            del out[:]
+            assert shell.offer_nowait(v3_append(LOUD, f"a{k}"))
+            assert wire_types(out) == [("voicechat.metrics", k)]
+        assert (shell.inbox_messages, shell.positions, shell.late_messages) == (0, 3, 0)
+        shell.disconnect()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
+def test_frames_handled_in_the_offering_calls_share_a_slice_then_wait_for_the_loop_in_order():
+    """A burst read in one turn of the event loop (a flood in one socket read) is handled in the offering calls only
+    until their work has held the loop for a slice; the rest waits in the inbox, counted against its bounds, and the
+    loop hands it over in order in its turns."""
+    now = [10.0]
+
+    class Slow(SimulatorModel):
+        def step(self, position):
+            now[0] += 0.001  # each position takes a millisecond of the shell's clock
+            return super().step(position)
+
+    async def main():
+        out: list = []
+        shell, session, task = await configured_v3_shell(now, out, Slow(SimBehaviour(tail_positions=0)),
+                                                         backlog_slice_s=0.0025)
+        assert shell.offer_nowait(v3_turn_start("s1"))
+        del out[:]
+        queued = []
+        for k in range(6):
+            assert shell.offer_nowait(v3_append(LOUD, f"a{k}"))
+            queued.append(shell.inbox_messages)
+        assert queued == [0, 0, 0, 1, 2, 3]  # three positions within the slice (2.5 ms), then the inbox
+        assert wire_types(out) == [("voicechat.metrics", k) for k in range(3)]
+        while len(out) < 6:
+            await asyncio.sleep(0)  # ok: the loop turns the test is about
+        assert wire_types(out) == [("voicechat.metrics", k) for k in range(6)]
+        assert shell.inbox_messages == 0
+        await asyncio.sleep(0)  # a new turn of the event loop: a new slice
+        del out[:]
+        assert shell.offer_nowait(v3_append(LOUD, "a6")) and shell.inbox_messages == 0
+        assert wire_types(out) == [("voicechat.metrics", 6)]
+        shell.disconnect()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
+def test_a_frame_handled_in_the_offering_call_moves_the_loops_deadline():
+    """The wire session's next deadline after a frame handled in the offering call becomes the waiting loop's: the
+    loop polls again when it comes."""
+
+    class Deadlines(WireStub):
+        def __init__(self) -> None:
+            super().__init__()
+            self.polls: list[float] = []
+            self.wake_at: float | None = None
+
+        def poll(self, now):
+            self.polls.append(now)
+            return Tick([], None, self.wake_at)
+
+        def receive(self, message, now, arrived=None):
+            self.wake_at = now + 0.01  # e.g. a response's silence position is due 10 ms from now
+            return super().receive(message, now, arrived)
+
+    async def main():
+        wire = Deadlines()
+        shell = SessionShell(wire, SimulatorModel(), lambda e: None)
+        task = asyncio.create_task(shell.run())
+        while not shell._inbox.parked:
+            await asyncio.sleep(0)  # ok: the loop starts waiting (no deadline yet)
+        assert shell.offer_nowait("m") and wire.read and len(wire.polls) == 2  # the frame's poll, in the call
+        while len(wire.polls) < 3:
+            await asyncio.sleep(0.002)  # ok: awaited condition (the loop's timer), bounded by the task's timeout
+        assert wire.polls[2] >= wire.read[0][1] + 0.01 - 0.001  # not before the deadline (timers' resolution)
+        shell.disconnect()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
+def test_an_error_raised_on_a_frame_handled_in_the_offering_call_ends_the_loop_with_it():
+    """The offering call (the socket reader) never sees the protocol object's error: the loop raises it, as if it
+    had handled the frame itself, and tears the session down."""
+
+    class Broken(WireStub):
+        def receive(self, message, now, arrived=None):
+            raise RuntimeError("broken")
+
+    async def main():
+        shell = SessionShell(Broken(), SimulatorModel(), lambda e: None)
+        task = asyncio.create_task(shell.run())
+        while not shell._inbox.parked:
+            await asyncio.sleep(0)  # ok: the loop starts waiting
+        assert shell.offer_nowait("m")
+        with pytest.raises(RuntimeError, match="broken"):
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
+def test_what_the_sink_queues_stops_the_offering_call_and_the_loop_takes_it_before_any_further_position():
+    """A sink may queue for the shell as it takes an event (an overflowing outbox disconnects the session, a detach
+    wakes it): the offering call stops there, and the loop handles what was queued before any further position, as
+    it would have itself. Here a commit's settlement positions would all run in the offering call."""
+
+    class Disconnecting(list):
+        shell: SessionShell | None = None  # armed: the first metrics event disconnects
+
+        def append(self, item) -> None:
+            super().append(item)
+            if self.shell is not None and json.loads(item.text)["type"] == "voicechat.metrics":
+                self.shell.disconnect()
+
+    async def main():
+        out = Disconnecting()
+        shell, session, task = await configured_v3_shell([10.0], out)
+        assert shell.offer_nowait(v3_turn_start("s1")) and shell.offer_nowait(v3_append(LOUD, "a0"))
+        positions = shell.positions
+        del out[:]
+        out.shell = shell
+        commit = json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1", "client_turn_id": 1})
+        assert shell.offer_nowait(commit)
+        assert wire_types(out) == [("voicechat.metrics", None)] and shell.positions == positions + 1
+        await asyncio.wait_for(task, 10)
+        assert session.core.closed and shell.positions == positions + 1
+        assert wire_types(out) == [("voicechat.metrics", None)]  # a disconnect publishes nothing
+
+    asyncio.run(main())
+
+
+def test_an_effect_made_in_the_offering_call_is_left_to_the_loop_which_runs_it_in_order():
+    """A prefill cannot run in the offering call (it runs in the executor, awaited): the outputs that hold it go to
+    the loop, which dispatches them in order and publishes what the prefill's completion makes."""
+
+    async def main():
+        out: list = []
+        shell, session, task = await configured_v3_shell([10.0], out)
+        del out[:]
+        update = json.dumps({"type": "session.update", "event_id": "u2",
+                             "session": {"protocol_version": 3, "instructions": "Be brief."}})
+        assert shell.offer_nowait(update)
+        assert out == [] and not shell._inbox.empty()  # nothing published yet; the loop is woken for the prefill
+        while not out:
+            await asyncio.sleep(0.001)  # ok: awaited condition (the prefill runs in the executor)
+        assert [(e["type"], e["session"]["instructions"]) for e in (json.loads(o.text) for o in out)] == [
+            ("session.updated", "Be brief.")]
+        shell.disconnect()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())

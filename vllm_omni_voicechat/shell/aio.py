@@ -5,7 +5,9 @@ The protocol object is anything with the driving interface of ``driving.py`` (a 
 session). Client input is queued in an inbox and handed over only between positions, so the
 protocol sees input and step results in one order and the model is never touched by two threads at once. The inbox
 is bounded (:meth:`SessionShell.offer`): beyond its bounds a client message is refused, and its refusal is answered
-through ``refuse`` in the same order as everything else (docs/reliability.md, "Backpressure").
+through ``refuse`` in the same order as everything else (docs/reliability.md, "Backpressure"). A frame offered
+while the loop waits with nothing queued is handled in the offering call itself (:meth:`SessionShell._direct`): the
+same order, without a wake-up.
 Everything that is not an effect (native events, wire events, transport instructions) goes to ``sink`` in order;
 the sink may be a coroutine function, whose backpressure slows this session only.
 """
@@ -25,6 +27,7 @@ from typing import Any
 from ..model.port import ModelPort
 from ..ops.tally import LATE_MS
 from ..session.commands import Command
+from ..session.core import Tick
 from ..session.events import (
     AbortModel,
     CancelSynthesis,
@@ -52,6 +55,21 @@ class _Disconnect:
 
 class _Wake:
     """Poll again: the protocol object changed outside the loop's own calls (a detach with its grace deadline)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Dispatch:
+    """Outputs of a frame handled in the reader's call that need the loop (effects, an async sink)."""
+
+    outputs: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Raise:
+    """The protocol object raised on a frame handled in the reader's call: the shell fails as if it had raised in
+    the loop."""
+
+    error: BaseException
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +113,18 @@ class _Inbox:
 
     def get_nowait(self) -> Any:
         return self._items.popleft()
+
+    @property
+    def parked(self) -> bool:
+        """A wait is in progress and nothing has ended it yet (so nothing is queued)."""
+        waiter = self._waiter
+        return waiter is not None and not waiter.done()
+
+    def retarget(self, deadline: float | None) -> None:
+        """Move the deadline of the wait in progress (None: none)."""
+        self._deadline = deadline
+        if deadline is not None and deadline < self._timer_at:
+            self._arm(asyncio.get_running_loop(), deadline)
 
     def empty(self) -> bool:
         return not self._items
@@ -215,6 +245,10 @@ class SessionShell:
         self._synthesis_next: tuple[str, str] | None = None
         """The typed job whose synthesis runs next (one at a time: a replaced job's never starts)."""
         self._synthesizing = False
+        self._carried: Tick | None = None
+        """A tick polled in the reader's call whose position the loop runs (its outputs needed the loop first)."""
+        self._direct_slice_end: float | None = None
+        """The slice that frames handled in the reader's call share while the loop waits (None: none started)."""
 
     # --- inputs -----------------------------------------------------------------------------------------
 
@@ -240,6 +274,9 @@ class SessionShell:
         fits = cap is None or self.inbox_messages + self.core.held_messages < cap
         if fits and self.max_inbox_bytes is not None and self.inbox_messages:
             fits = self.inbox_bytes + size <= self.max_inbox_bytes  # one message always fits an empty inbox
+        if fits and self._inbox.parked and self._direct_ok():
+            self._direct(message)
+            return True
         if fits:
             self.inbox_messages += 1
             self.inbox_bytes += size
@@ -305,29 +342,30 @@ class SessionShell:
         try:
             while not self.core.closed:
                 now = self._clock()
-                tick = self.core.poll(now)
+                tick = self._carried  # a position the offering call started and left to the loop
+                if tick is None:
+                    tick = self.core.poll(now)
+                else:
+                    self._carried = None
                 if tick.outputs and not self._published(tick.outputs):
                     await self._dispatch(tick.outputs)
                 if self.core.closed:
                     break
                 if tick.position is not None:
                     self.positions += 1
-                    try:
-                        if not self._inline_steps:
+                    if not self._inline_steps:
+                        try:
                             result = await self._model_call(self.model.step, tick.position.input)
+                        except Exception as exc:
+                            outputs = self._failed(tick.position, exc)
                         else:
-                            slice_end = self._within_slice(slice_end) or await self._next_slice()
-                            if self._model_lock.locked() or self._stray is not None:
-                                async with self._model_lock:  # after the prefill (or abort) in the executor
-                                    await self._settle_stray()
-                            result = self.model.step(tick.position.input)  # no await since: no call can start
-                    except Exception as exc:
-                        self.model_failure = f"position {self.positions - 1}: {exc}"  # for the server's log
-                        self.model_error = exc
-                        outputs = self.core.fail(tick.position, exc, self._clock())
+                            outputs = self._completed(tick.position, result)
                     else:
-                        self.last_step_at = now = self._clock()
-                        outputs = self.core.complete(tick.position, result, now)
+                        slice_end = self._within_slice(slice_end) or await self._next_slice()
+                        if self._model_lock.locked() or self._stray is not None:
+                            async with self._model_lock:  # after the prefill (or abort) in the executor
+                                await self._settle_stray()
+                        outputs = self._step_inline(tick.position)  # no await since: no call can start
                     if outputs and not self._published(outputs):
                         await self._dispatch(outputs)
                     self._room.set()  # a position's ack may have released held frames
@@ -339,15 +377,92 @@ class SessionShell:
                     slice_end = self._within_slice(slice_end) or await self._next_slice()
                     await self._handle(self._inbox.get_nowait())
                     continue
-                deadline = None
-                if tick.wake_at is not None:  # the shell's clock -> the loop's (they differ under test clocks)
-                    loop = asyncio.get_running_loop()
-                    deadline = loop.time() + max(0.0, tick.wake_at - self._clock())
                 slice_end = None
-                if await self._inbox.wait(deadline):
+                if await self._inbox.wait(self._loop_deadline(tick.wake_at)):
                     await self._handle(self._inbox.get_nowait())
         finally:
             await self._teardown()
+
+    def _loop_deadline(self, wake_at: float | None) -> float | None:
+        """``wake_at`` on the shell's clock as a time of the loop's (they differ under test clocks)."""
+        if wake_at is None:
+            return None
+        return asyncio.get_running_loop().time() + max(0.0, wake_at - self._clock())
+
+    def _step_inline(self, position: Any) -> list[Any]:
+        """Step a model that steps on the loop; what the protocol object makes of the outcome."""
+        try:
+            result = self.model.step(position.input)
+        except Exception as exc:
+            return self._failed(position, exc)
+        return self._completed(position, result)
+
+    def _completed(self, position: Any, result: Any) -> list[Any]:
+        self.last_step_at = now = self._clock()
+        return self.core.complete(position, result, now)
+
+    def _failed(self, position: Any, error: Exception) -> list[Any]:
+        self.model_failure = f"position {self.positions - 1}: {error}"  # for the server's log
+        self.model_error = error
+        return self.core.fail(position, error, self._clock())
+
+    # --- frames handled in the offering call --------------------------------------------------------------
+
+    def _direct_ok(self) -> bool:
+        """Whether a frame offered now may be handled in the offering call (:meth:`_direct`): the loop waits with
+        nothing queued (the caller checks), the model steps on the loop and is free, the sink is plain, and the
+        frames handled so in this turn of the event loop have not held it for a slice."""
+        if not self._inline_steps or self._sink_is_async or self._model_lock.locked() or self._stray is not None:
+            return False
+        if self.core.closed:
+            return False
+        end = self._direct_slice_end
+        if end is None:
+            self._direct_slice_end = self._clock() + self.backlog_slice_s
+            asyncio.get_running_loop().call_soon(self._end_direct_slice)  # the slice lasts one turn at most
+            return True
+        return self._clock() < end
+
+    def _end_direct_slice(self) -> None:
+        self._direct_slice_end = None
+
+    def _direct(self, message: str | bytes) -> None:
+        """Handle a client frame in the call that offers it, while the loop waits for one: what the loop would do
+        next (the frame, the positions then due, the next deadline), without waking it (a future resolved, a turn
+        of the event loop, the coroutine resumed). Whatever needs the loop is left to it, in order, and wakes it:
+        outputs with an effect (or for an async sink), a position beyond the slice, what the sink queued (a
+        disconnect, a wake-up), the session's end, an error raised."""
+        inbox = self._inbox
+        try:
+            now = self._clock()
+            outputs = self.core.receive(message, now, now)
+            while True:
+                if outputs and not self._published(outputs):
+                    inbox.put_nowait(_Dispatch(outputs))  # the loop dispatches them, then polls
+                    return
+                if self.core.closed or not inbox.empty():
+                    break
+                tick = self.core.poll(self._clock())
+                position = tick.position
+                published = not tick.outputs or self._published(tick.outputs)
+                if position is None:
+                    if not published:
+                        inbox.put_nowait(_Dispatch(tick.outputs))
+                        return
+                    if self.core.closed or not inbox.empty():
+                        break
+                    inbox.retarget(self._loop_deadline(tick.wake_at))  # the loop's wait goes on to the new deadline
+                    return
+                end = self._direct_slice_end
+                if not published or not inbox.empty() or end is None or self._clock() >= end:
+                    self._carried = tick if not published else Tick([], position, tick.wake_at)
+                    break
+                self.positions += 1
+                outputs = self._step_inline(position)
+                self._room.set()  # a position's ack may have released held frames
+            inbox.put_nowait(_Wake())
+        except Exception as exc:
+            inbox.put_nowait(_Raise(exc))
 
     def _within_slice(self, slice_end: float | None) -> float | None:
         """Work back to back (client frames, inline positions) holds the loop for at most a slice, then yields (a
@@ -377,6 +492,11 @@ class SessionShell:
             self._room.set()  # a finished barrier may have released held frames
         elif isinstance(item, _Wake):
             pass  # the loop polls again
+        elif isinstance(item, _Dispatch):
+            await self._dispatch(item.outputs)
+            self._room.set()
+        elif isinstance(item, _Raise):
+            raise item.error
         else:
             outputs = self.core.receive(item, now, arrived)
             if outputs and not self._published(outputs):
@@ -481,6 +601,7 @@ class SessionShell:
 
     async def _teardown(self) -> None:
         self._inbox.close()
+        self._carried = None
         if not self.core.closed:  # cancelled from outside: tear down like a disconnect
             outputs = self.core.disconnect(self._clock())
             if any(isinstance(o, AbortModel) for o in outputs):
