@@ -86,6 +86,13 @@ def pyplot():
     return plt
 
 
+def proc_cpu(pid: int | str = "self") -> tuple[float, int]:
+    """(CPU seconds, user + system over all threads; threads) of a process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[17])
+
+
 def rss_bytes(pid: int | str = "self") -> int | None:
     """Resident set size from /proc (None where there is no /proc)."""
     try:

@@ -59,6 +59,7 @@ from _common import (
     AppendCache,
     ScriptedClient,
     machine_info,
+    proc_cpu,
     pyplot,
     rss_bytes,
     session_update,
@@ -87,10 +88,7 @@ def proc_stat(pid: int) -> dict:
     """CPU seconds (user + system, all threads), threads and RSS of a process, from /proc."""
     out: dict = {"cpu_s": None, "threads": None, "rss_bytes": rss_bytes(pid)}
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        out["cpu_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        out["threads"] = int(fields[17])
+        out["cpu_s"], out["threads"] = proc_cpu(pid)
     except (OSError, IndexError, ValueError):
         pass
     return out

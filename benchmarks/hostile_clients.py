@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import machine_info, now_utc, v3_append, write_report
+from _common import machine_info, now_utc, proc_cpu, v3_append, write_report
 from websockets.asyncio.client import connect
 
 from vllm_omni_voicechat.audio.frames import INPUT_FRAME_BYTES
@@ -69,10 +69,7 @@ def free_port() -> int:
 
 def proc_stat(pid: int) -> tuple[float, int]:
     """(CPU seconds, RSS bytes) of a process."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    cpu = proc_cpu(pid)[0]
     with open(f"/proc/{pid}/status") as f:
         rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
     return cpu, rss

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import base64
 import multiprocessing as mp
-import os
 import socket
 import struct
 import sys
@@ -41,7 +40,7 @@ from websockets.frames import apply_mask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_report
+from _common import RESULTS, proc_cpu, write_report
 
 from vllm_omni_voicechat.audio.frames import (
     FRAME_SECONDS,
@@ -52,7 +51,6 @@ from vllm_omni_voicechat.audio.frames import (
 )
 
 DEFAULT_OUT = RESULTS / "transport_floor.json"
-FRAME_S = FRAME_SECONDS
 DELTA_EVERY = 3
 """An audio delta goes out with one frame in this many (a v3 session at 300 sends ~2 events a position)."""
 ANSWER_TIMEOUT_S = 60.0
@@ -140,9 +138,9 @@ def _load(port: int, sessions: int, start_at: float, frames: int, sent: Any, rec
                 answered.set()
 
         reading = asyncio.ensure_future(discard())
-        first = start_at + (i % 100) * FRAME_S / 100
+        first = start_at + (i % 100) * FRAME_SECONDS / 100
         for k in range(frames):
-            await asyncio.sleep(max(0.0, first + k * FRAME_S - time.time()))
+            await asyncio.sleep(max(0.0, first + k * FRAME_SECONDS - time.time()))
             writer.write(CLIENT_FRAME)
             sent.value += 1
         await asyncio.wait_for(answered.wait(), ANSWER_TIMEOUT_S)  # awaited: a loaded machine answers late
@@ -155,11 +153,6 @@ def _load(port: int, sessions: int, start_at: float, frames: int, sent: Any, rec
     uvloop.run(main())
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(sessions: int, warmup_s: float, window_s: float) -> dict:
     sock = socket.create_server(("127.0.0.1", 0), backlog=1024)
     port = sock.getsockname()[1]
@@ -169,22 +162,22 @@ def measure(sessions: int, warmup_s: float, window_s: float) -> dict:
     start_at = time.time() + 2.0
     loads = [n for n in (sessions // 2, sessions - sessions // 2) if n]
     counts = [(mp.Value("q", 0, lock=False), mp.Value("q", 0, lock=False)) for _ in loads]  # each client its own
-    frames = round((warmup_s + window_s + 1.0) / FRAME_S)  # each session's appends: past the window's end
+    frames = round((warmup_s + window_s + 1.0) / FRAME_SECONDS)  # each session's appends: past the window's end
     clients = [mp.Process(target=_load, args=(port, n, start_at, frames, sent, received), daemon=True)
                for n, (sent, received) in zip(loads, counts, strict=True)]
     for client in clients:
         client.start()
     time.sleep(max(0.0, start_at + warmup_s - time.time()))
-    cpu0, t0 = _cpu_s(server.pid), time.monotonic()  # type: ignore[arg-type]
+    cpu0, t0 = proc_cpu(server.pid)[0], time.monotonic()  # type: ignore[arg-type]
     time.sleep(window_s)
-    cpu1, t1 = _cpu_s(server.pid), time.monotonic()  # type: ignore[arg-type]
+    cpu1, t1 = proc_cpu(server.pid)[0], time.monotonic()  # type: ignore[arg-type]
     for client in clients:
         client.join(timeout=warmup_s + window_s + ANSWER_TIMEOUT_S + 30)
     server.terminate()
     server.join(timeout=10)
     cores = (cpu1 - cpu0) / (t1 - t0)
     return {"sessions": sessions, "window_s": window_s, "server_cores": round(cores, 4),
-            "ms_per_session_frame": round(cores * FRAME_S / sessions * 1000.0, 4),
+            "ms_per_session_frame": round(cores * FRAME_SECONDS / sessions * 1000.0, 4),
             "frames_sent": sum(sent.value for sent, _ in counts),
             "bytes_received": sum(received.value for _, received in counts)}
 
