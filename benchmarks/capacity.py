@@ -30,6 +30,7 @@ Usage::
     python benchmarks/capacity.py                              # both dialects, searched (~20 min)
     python benchmarks/capacity.py --dialects v3 --sessions 300 # one trial at 300 v3 sessions
     python benchmarks/capacity.py --server-root /tmp/old       # the server of another checkout (before/after)
+    python benchmarks/capacity.py --server-python /other/venv/bin/python  # the server on another interpreter
     python benchmarks/capacity.py --quick                      # a few sessions, a few seconds
 """
 
@@ -100,9 +101,9 @@ def proc_stat(pid: int) -> dict:
 class Server:
     """The shipped server in a child process (its own interpreter and GIL), from ``root``'s code."""
 
-    def __init__(self, max_sessions: int, root: Path = REPO) -> None:
+    def __init__(self, max_sessions: int, root: Path = REPO, python: str = sys.executable) -> None:
         self.port = free_port()
-        cmd = [sys.executable, "-m", "vllm_omni_voicechat.cli", "serve", "--port", str(self.port),
+        cmd = [python, "-m", "vllm_omni_voicechat.cli", "serve", "--port", str(self.port),
                "--max-sessions", str(max_sessions), "--log-level", "warning"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -354,7 +355,7 @@ def _usage_counts(usage: dict, dialect: str) -> dict:
 
 
 def run_trial(dialect: str, n: int, args: argparse.Namespace) -> dict:
-    server = Server(max_sessions=max(n, 1), root=args.server_root)
+    server = Server(max_sessions=max(n, 1), root=args.server_root, python=args.server_python)
     try:
         return _trial(server, dialect, n, args)
     finally:
@@ -567,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=None, help="judged seconds (default 60; --quick 3)")
     ap.add_argument("--generators", type=int, default=2, help="load-generator processes")
     ap.add_argument("--server-root", type=Path, default=REPO, help="the checkout whose server runs (before/after)")
+    ap.add_argument("--server-python", default=sys.executable,
+                    help="the interpreter the server runs on (the load generators keep this one's)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -588,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
                        "max_trials": args.max_trials, "ceiling": args.ceiling, "warmup_s": args.warmup,
                        "window_s": args.window, "generators": args.generators, "seed": args.seed,
                        "quick": args.quick, "server_root": str(args.server_root),
+                       "server_python": args.server_python, "server_python_version": _python_version(args.server_python),
                        "server_commit": _commit(args.server_root), "late_start_ms": 40.0,
                        "delivery_late_ms": DELIVERY_LATE_MS, "client_slip_limit_ms": CLIENT_SLIP_S * 1000,
                        "client_cpu_limit_cores": CLIENT_CPU_LIMIT,
@@ -620,6 +624,17 @@ def _commit(root: Path) -> str | None:
     try:
         return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _python_version(python: str) -> str | None:
+    """The interpreter's version and how it links libpython (a build linking it statically, as Debian's does, runs
+    Python code faster than one calling it through a shared library)."""
+    probe = ("import sys; print(sys.version.split()[0], sys.version.split('[')[-1].rstrip(']'), '| libpython',"
+             " 'shared' if any('libpython' in line for line in open('/proc/self/maps')) else 'static')")
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() or None
     except (OSError, subprocess.CalledProcessError):
         return None
 

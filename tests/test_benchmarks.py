@@ -5,6 +5,7 @@ not timed tests); only that they were measured."""
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,10 @@ def test_capacity_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert {"dialects", "parameters", "machine", "elapsed_s"} <= set(report)
+    params = report["parameters"]
+    assert params["server_python"] == sys.executable  # the server's interpreter, and its build, on the record
+    assert params["server_python_version"].startswith(platform.python_version() + " ")
+    assert params["server_python_version"].endswith(("libpython shared", "libpython static"))
     assert set(report["dialects"]) == {"v3", "tiered"}
     for dialect, d in report["dialects"].items():
         assert {"max_realtime_sessions", "at_max", "trials", "first_failing"} <= set(d)
