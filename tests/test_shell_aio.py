@@ -622,7 +622,7 @@ def test_frames_handled_in_the_offering_calls_share_a_slice_then_wait_for_the_lo
             await asyncio.sleep(0)  # ok: the loop turns the test is about
         assert wire_types(out) == [("voicechat.metrics", k) for k in range(6)]
         assert shell.inbox_messages == 0
-        await asyncio.sleep(0)  # a new turn of the event loop: a new slice
+        await asyncio.sleep(0)  # ok: a new turn of the event loop, so a new slice
         del out[:]
         assert shell.offer_nowait(v3_append(LOUD, "a6")) and shell.inbox_messages == 0
         assert wire_types(out) == [("voicechat.metrics", 6)]

@@ -268,15 +268,15 @@ class SessionShell:
 
     def offer_nowait(self, message: str | bytes) -> bool | None:
         """:meth:`offer` without waiting: None (nothing queued) while the inbox and the refusals are both full."""
-        size = message_bytes(message)
         cap = self.max_inbox_messages
         # Frames the protocol object holds behind an unfinished barrier are still in the receive pump.
         fits = cap is None or self.inbox_messages + self.core.held_messages < cap
-        if fits and self.max_inbox_bytes is not None and self.inbox_messages:
-            fits = self.inbox_bytes + size <= self.max_inbox_bytes  # one message always fits an empty inbox
-        if fits and self._inbox.parked and self._direct_ok():
+        if fits and self._inbox.parked and self._direct_ok():  # a parked loop has nothing queued: no byte bound
             self._direct(message)
             return True
+        size = message_bytes(message)
+        if fits and self.max_inbox_bytes is not None and self.inbox_messages:
+            fits = self.inbox_bytes + size <= self.max_inbox_bytes  # one message always fits an empty inbox
         if fits:
             self.inbox_messages += 1
             self.inbox_bytes += size
@@ -341,10 +341,9 @@ class SessionShell:
         slice_end: float | None = None  # while inline steps run back to back: when they must yield
         try:
             while not self.core.closed:
-                now = self._clock()
                 tick = self._carried  # a position the offering call started and left to the loop
                 if tick is None:
-                    tick = self.core.poll(now)
+                    tick = self.core.poll(self._clock())
                 else:
                     self._carried = None
                 if tick.outputs and not self._published(tick.outputs):
@@ -453,8 +452,8 @@ class SessionShell:
                         break
                     inbox.retarget(self._loop_deadline(tick.wake_at))  # the loop's wait goes on to the new deadline
                     return
-                end = self._direct_slice_end
-                if not published or not inbox.empty() or end is None or self._clock() >= end:
+                end = self._direct_slice_end  # _direct_ok started it
+                if not published or not inbox.empty() or self._clock() >= end:  # type: ignore[operator]
                     self._carried = tick if not published else Tick([], position, tick.wake_at)
                     break
                 self.positions += 1
