@@ -7,6 +7,7 @@ import base64
 import itertools
 import json
 import threading
+import time
 
 import pytest
 
@@ -357,6 +358,26 @@ def test_the_inbox_deadline_ends_a_wait_no_earlier_than_the_timers_resolution():
         assert loop.time() >= later - EARLY_WAKE_S and inbox._timer is None
 
     asyncio.run(scenario())
+
+
+def test_a_deadline_on_the_shells_clock_is_never_woken_early_on_uvloop():
+    """uvloop's timers keep whole milliseconds: the inbox arms its timer late enough that the wait ends at or after
+    the deadline by the precise clock, so a paced position finds itself due at its first wake-up."""
+    uvloop = pytest.importorskip("uvloop")
+    from vllm_omni_voicechat.shell.aio import _Inbox
+
+    async def scenario() -> list[float]:
+        loop = asyncio.get_running_loop()
+        inbox = _Inbox()
+        early: list[float] = []
+        for i in range(40):
+            due = time.monotonic() + 0.002 + i * 0.00037  # deadlines at every offset within a millisecond
+            assert not await inbox.wait(loop.time() + (due - time.monotonic()))
+            if time.monotonic() < due:
+                early.append(due - time.monotonic())
+        return early
+
+    assert uvloop.run(scenario()) == []
 
 
 def backlogs(slice_s: float, step_s: float) -> list[str]:
