@@ -32,6 +32,14 @@ Usage::
     python benchmarks/capacity.py --server-root /tmp/old       # the server of another checkout (before/after)
     python benchmarks/capacity.py --server-python /other/venv/bin/python  # the server on another interpreter
     python benchmarks/capacity.py --quick                      # a few sessions, a few seconds
+    python benchmarks/capacity.py --dialects v3 --sessions 120 --against /tmp/old --rounds 5  # paired before/after
+
+``--against ROOT`` measures a change instead of a capacity: each round serves the same load from this checkout's
+server and from ``ROOT``'s at the same time (two servers, two sets of generators with the same seed, the same
+window), and reports this one's server CPU per session-frame over the other's. Both share the host's mood of the
+minute, which moved single trials by +-8 % on the shared VM (the paired ratio of a checkout against itself stayed
+within 1.00-1.03); each server's own figures are under the other's load, so the ratio, not either figure, is the
+result. Which server starts first alternates by round.
 """
 
 from __future__ import annotations
@@ -511,6 +519,50 @@ def search(dialect: str, args: argparse.Namespace) -> tuple[list, int]:
     return trials, good
 
 
+def run_paired(dialect: str, n: int, args: argparse.Namespace) -> dict:
+    """``--against``: rounds of this checkout's server and the baseline's under identical load at the same time."""
+    rounds = []
+    for r in range(args.rounds):
+        order = [("served", args.server_root), ("against", args.against)]
+        if r % 2:
+            order.reverse()
+        servers: dict[str, Server] = {}
+        results: dict[str, dict] = {}
+        try:
+            for name, root in order:
+                servers[name] = Server(max_sessions=max(n, 1), root=root, python=args.server_python)
+
+            def one(name: str) -> None:
+                results[name] = _trial(servers[name], dialect, n, args)
+
+            threads = [threading.Thread(target=one, args=(name,)) for name, _ in order]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            for server in servers.values():
+                server.close()
+        served, against = results.get("served", {}), results.get("against", {})
+        a, b = served.get("server_cpu_ms_per_session_frame"), against.get("server_cpu_ms_per_session_frame")
+        ratio = round(a / b, 4) if a and b else None
+        print(f"  {dialect} {n} sessions, round {r}: served {a} ({'pass' if served.get('passed') else 'FAIL'}), "
+              f"against {b} ({'pass' if against.get('passed') else 'FAIL'}) ms/session-frame: ratio {ratio}",
+              flush=True)
+        rounds.append({"round": r, "first": order[0][0], "ratio": ratio, "served": served, "against": against})
+    ratios = sorted(x["ratio"] for x in rounds if x["ratio"] is not None)
+
+    def median(key: str) -> float | None:
+        v = sorted(x[key]["server_cpu_ms_per_session_frame"] for x in rounds
+                   if x[key].get("server_cpu_ms_per_session_frame") is not None)
+        return v[len(v) // 2] if v else None
+
+    return {"sessions": n, "rounds": rounds, "ratio_median": ratios[len(ratios) // 2] if ratios else None,
+            "ratio_min": ratios[0] if ratios else None, "ratio_max": ratios[-1] if ratios else None,
+            "served_ms_median": median("served"), "against_ms_median": median("against"),
+            "all_passed": all(x["served"].get("passed") and x["against"].get("passed") for x in rounds)}
+
+
 def _report_trial(t: dict) -> dict:
     if "late_by_cause" not in t:
         print(f"  {t['dialect']} {t['sessions']:4d} sessions: FAIL ({t['errors']})", flush=True)
@@ -570,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-root", type=Path, default=REPO, help="the checkout whose server runs (before/after)")
     ap.add_argument("--server-python", default=sys.executable,
                     help="the interpreter the server runs on (the load generators keep this one's)")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="a baseline checkout served at the same time under the same load (paired before/after)")
+    ap.add_argument("--rounds", type=int, default=5, help="paired rounds (with --against)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -584,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     args.window = args.window if args.window is not None else (3.0 if args.quick else 60.0)
     if args.quick and not args.sessions:
         args.sessions = [args.start]
+    if args.against is not None and (not args.sessions or len(args.sessions) != 1):
+        ap.error("--against needs one session count (--sessions N)")
     started = time.perf_counter()
     report: dict = {
         "benchmark": "capacity",
@@ -593,12 +650,24 @@ def main(argv: list[str] | None = None) -> int:
                        "quick": args.quick, "server_root": str(args.server_root),
                        "server_python": args.server_python, "server_python_version": _python_version(args.server_python),
                        "server_commit": _commit(args.server_root), "late_start_ms": 40.0,
+                       "against_root": str(args.against) if args.against else None,
+                       "against_commit": _commit(args.against) if args.against else None,
+                       "rounds": args.rounds if args.against else None,
                        "delivery_late_ms": DELIVERY_LATE_MS, "client_slip_limit_ms": CLIENT_SLIP_S * 1000,
                        "client_cpu_limit_cores": CLIENT_CPU_LIMIT,
                        "server": "python -m vllm_omni_voicechat.cli serve (simulator), separate process"},
         "dialects": {},
         "machine": machine_info(),
     }
+    if args.against is not None:
+        report["paired"] = {dialect: run_paired(dialect, args.sessions[0], args) for dialect in args.dialects}
+        report["elapsed_s"] = round(time.perf_counter() - started, 2)
+        write_report(report, args.out)
+        print("capacity paired: " + "; ".join(
+            f"{dialect} {p['sessions']} sessions, served/against {p['ratio_median']} (median of {len(p['rounds'])}; "
+            f"{p['ratio_min']}-{p['ratio_max']}), {p['served_ms_median']} vs {p['against_ms_median']} ms/session-frame"
+            for dialect, p in report["paired"].items()))
+        return 0
     for dialect in args.dialects:
         trials, best = search(dialect, args)
         at = next((t for t in trials if t["passed"] and t["sessions"] == best), None)

@@ -143,6 +143,33 @@ def test_capacity_smoke(tmp_path):
     assert proc.stdout.strip().splitlines()[-1].startswith("capacity: v3 ")
 
 
+def test_capacity_paired_smoke(tmp_path):
+    """--against: each round serves the same load from two checkouts at the same time; both trials and their ratio
+    are on the record, and the start order alternates."""
+    out = tmp_path / "paired.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "capacity.py"), "--quick", "--dialects", "v3", "--sessions", "2",
+                           "--warmup", "1", "--window", "4", "--against", str(BENCH.parent), "--rounds", "2",
+                           "--out", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["parameters"]["against_root"] == str(BENCH.parent) and report["parameters"]["rounds"] == 2
+    assert report["parameters"]["against_commit"] == report["parameters"]["server_commit"]
+    paired = report["paired"]["v3"]
+    assert paired["sessions"] == 2 and [r["first"] for r in paired["rounds"]] == ["served", "against"]
+    for r in paired["rounds"]:
+        for side in ("served", "against"):
+            trial = r[side]
+            assert trial["connected"] == 2 and trial["error_count"] == 0, trial["errors"]
+            assert trial["server_positions"] > 0 and trial["server_cpu_ms_per_session_frame"] > 0
+        assert r["ratio"] == round(r["served"]["server_cpu_ms_per_session_frame"]
+                                   / r["against"]["server_cpu_ms_per_session_frame"], 4)
+    assert paired["ratio_min"] <= paired["ratio_median"] <= paired["ratio_max"]
+    assert proc.stdout.strip().splitlines()[-1].startswith("capacity paired: v3 2 sessions, served/against ")
+    with pytest.raises(subprocess.CalledProcessError):  # one session count per paired run
+        subprocess.run([sys.executable, str(BENCH / "capacity.py"), "--against", str(BENCH.parent)], check=True,
+                       capture_output=True, timeout=60)
+
+
 def test_run_all_skips_the_omni_ratio_with_a_message_when_no_interpreter_has_vllm_omni(monkeypatch, tmp_path):
     import run_all
 
