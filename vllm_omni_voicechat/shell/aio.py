@@ -96,10 +96,11 @@ class _Inbox:
     by the frame that just came) keeps it, and when it fires before the deadline of the wait then in progress it is
     moved on to it, instead of a timer made and cancelled on every wait."""
 
-    __slots__ = ("_items", "_waiter", "_deadline", "_timer", "_timer_at")
+    __slots__ = ("_items", "_waiter", "_deadline", "_timer", "_timer_at", "_loop")
 
     def __init__(self) -> None:
         self._items: deque[Any] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the waits' loop, kept (see SessionShell._loop)
         self._waiter: asyncio.Future | None = None
         self._deadline: float | None = None  # the deadline of the wait in progress
         self._timer: asyncio.TimerHandle | None = None
@@ -124,7 +125,7 @@ class _Inbox:
         """Move the deadline of the wait in progress (None: none)."""
         self._deadline = deadline
         if deadline is not None and deadline < self._timer_at:
-            self._arm(asyncio.get_running_loop(), deadline)
+            self._arm(self._loop, deadline)  # type: ignore[arg-type]  # a wait is in progress: its loop is known
 
     def empty(self) -> bool:
         return not self._items
@@ -133,7 +134,9 @@ class _Inbox:
         """Until an item is queued (True) or the loop's clock reaches ``deadline`` (False; None: no deadline)."""
         if self._items:
             return True
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
         self._deadline = deadline
         if deadline is not None and deadline < self._timer_at:
@@ -253,6 +256,9 @@ class SessionShell:
         self._synthesizing = False
         self._carried: Tick | None = None
         """A tick polled in the reader's call whose position the loop runs (its outputs needed the loop first)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop :meth:`run` runs on, kept: Python 3.11's ``asyncio.get_running_loop()`` makes a ``getpid``
+        syscall (~2.6 a position)."""
         self._direct_slice_end: float | None = None
         """The slice that frames handled in the reader's call share while the loop waits (None: none started)."""
 
@@ -345,6 +351,7 @@ class SessionShell:
         # yield: a yield per position cost each one a whole turn of a busy loop (a 12-frame pre-roll started
         # 40-65 ms late at 300 sessions), and the slice keeps any session from holding the others up.
         slice_end: float | None = None  # while inline steps run back to back: when they must yield
+        self._loop = asyncio.get_running_loop()
         try:
             while not self.core.closed:
                 tick = self._carried  # a position the offering call started and left to the loop
@@ -392,7 +399,7 @@ class SessionShell:
         """``wake_at`` on the shell's clock as a time of the loop's (they differ under test clocks)."""
         if wake_at is None:
             return None
-        return asyncio.get_running_loop().time() + max(0.0, wake_at - self._clock())
+        return self._loop.time() + max(0.0, wake_at - self._clock())  # type: ignore[union-attr]  # run() set it
 
     def _step_inline(self, position: Any) -> list[Any]:
         """Step a model that steps on the loop; what the protocol object makes of the outcome."""
@@ -424,7 +431,7 @@ class SessionShell:
         end = self._direct_slice_end
         if end is None:
             self._direct_slice_end = self._clock() + self.backlog_slice_s
-            asyncio.get_running_loop().call_soon(self._end_direct_slice)  # the slice lasts one turn at most
+            self._loop.call_soon(self._end_direct_slice)  # type: ignore[union-attr]  # one turn at most
             return True
         return self._clock() < end
 
