@@ -176,11 +176,12 @@ EARLY_WAKE_S = 0.001
 """A deadline timer that fires less than this before the wait's deadline ends the wait (the shell polls and, if
 nothing is due yet, waits again), as a timer armed for it would: timers keep a millisecond's resolution."""
 
-TIMER_SLACK_S = 0.0015
+TIMER_SLACK_S = 0.002
 """How long after a wait's deadline its timer is armed. uvloop's clock is whole milliseconds, truncated, and it rounds
 a delay to one: a timer armed for the deadline itself fired up to 1.5 ms before it by the shell's clock (most fired
 ~0.05 ms before), so a paced position woke its shell twice, once to find it not yet due (a quarter of all positions
-at 200 v3 sessions). Armed this much later, the first wake-up finds it due."""
+at 200 v3 sessions). Armed 1.5 ms later, and a margin for the reads of the two clocks, the first wake-up finds it
+due."""
 
 
 BACKLOG_SLICE_S = 0.002
