@@ -181,9 +181,9 @@ class Conversation:
         turn_state = {
             "open_client_turn_id": self._turns.open_client_turn_id,
             "blank_count": result.rnnt.blank_count,
-            "agent_control": result.agent.control.value,
-            "boundary": result.boundary.phase.value,
-            "late_ms": round(m.late_ms, 3),
+            "agent_control": result.agent.control._value_,  # the member's value without the property's two calls
+            "boundary": result.boundary.phase._value_,
+            "late_ms": round(m.late_ms * 1000.0) / 1000.0,  # round(x, 3) formats the float: ~2.5x dearer
             "function_cycle": cycle.call_id if cycle else None,
             "model": result.telemetry,
         }
@@ -193,9 +193,9 @@ class Conversation:
             PositionMetrics(
                 frame=m.frame,
                 transport_frame=m.transport_frame,
-                kind=m.kind.value,
-                inference_ms=round(m.inference_ms, 3),
-                server_step_ms=round(m.server_step_ms, 3),
+                kind=m.kind._value_,
+                inference_ms=round(m.inference_ms * 1000.0) / 1000.0,
+                server_step_ms=round(m.server_step_ms * 1000.0) / 1000.0,
                 budget_ms=m.budget_ms,
                 over_budget=m.over_budget,
                 input_audio=m.input_audio,

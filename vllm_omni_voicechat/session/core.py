@@ -601,12 +601,16 @@ class SessionCore:
             head = work[0]
             if type(head) is MicFrame and not head.loud:
                 work.popleft()
-                return dataclasses.replace(plan, pcm=head.pcm, transport_frame=head.transport_frame, ready=head.ready,
-                                           arrived=head.arrived, input_audio=True, queued_audio=False)
+                # Plans built field by field: dataclasses.replace is ~5x dearer (a settlement position in seven).
+                return Plan(plan.kind, head.pcm, plan.controls, head.transport_frame, head.ready, head.arrived, True,
+                            False)
             self.settlement_audio = False
         elif self.settlement_audio and (until := self._settlement_wait(plan)) is not None:
-            return dataclasses.replace(plan, ready=until)  # still queued_audio: the next poll looks again
-        return dataclasses.replace(plan, queued_audio=False)
+            # still queued_audio: the next poll looks again
+            return Plan(plan.kind, plan.pcm, plan.controls, plan.transport_frame, until, plan.arrived, plan.input_audio,
+                        plan.queued_audio)
+        return Plan(plan.kind, plan.pcm, plan.controls, plan.transport_frame, plan.ready, plan.arrived, plan.input_audio,
+                    False)
 
     def _settlement_wait(self, plan: Plan) -> float | None:
         """Until when a settlement position with nothing queued waits for the client's next frame (None: it runs on

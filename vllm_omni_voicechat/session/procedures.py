@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Plan:
-    """The next position a procedure asks for."""
+    """The next position a procedure asks for. (``SessionCore._settlement_input`` builds plans positionally: in this
+    field order.)"""
 
     kind: PositionKind
     pcm: bytes = SILENT_INPUT_FRAME

@@ -20,7 +20,7 @@ class AudioRejected(VoicechatError, ValueError):
 
 
 def _exactly(value: Any, expected: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value == expected
+    return type(value) is int and value == expected  # a JSON int, never a bool (nor any other subclass)
 
 
 def decode_append(msg: dict[str, Any]) -> bytes:
