@@ -18,6 +18,8 @@ DURATION_SAMPLES = 64  # recent session durations behind the admission queue's e
 class Totals(Counts):
     """Tallies merged (``add``), with how many sessions went in."""
 
+    __slots__ = ("sessions",)
+
     def __init__(self) -> None:
         super().__init__()
         self.sessions = 0
