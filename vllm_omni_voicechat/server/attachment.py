@@ -46,9 +46,26 @@ class Attachment:
         """The close reason in the server's vocabulary (counters, logs): never a client's words."""
         self.ended = asyncio.Event()
         self.overflows = 0
-        self.peak_outbound_bytes = 0
-        self.peak_outbound_events = 0
+        self._peaks = (0, 0)  # the largest outbound queue (bytes, events) of the outboxes no longer current
         self._closers: set[asyncio.Task] = set()
+
+    @property
+    def peak_outbound_bytes(self) -> int:
+        """The most bytes the session's outboxes held queued (read when asked: sends do not copy it)."""
+        outbox = self.outbox
+        return self._peaks[0] if outbox is None else max(self._peaks[0], outbox.peak_bytes)
+
+    @property
+    def peak_outbound_events(self) -> int:
+        outbox = self.outbox
+        return self._peaks[1] if outbox is None else max(self._peaks[1], outbox.peak_events)
+
+    def _set_outbox(self, outbox: Outbox | None) -> None:
+        """Replace the current outbox (None: none), keeping the peaks of the one it replaces."""
+        old = self.outbox
+        if old is not None:
+            self._peaks = (max(self._peaks[0], old.peak_bytes), max(self._peaks[1], old.peak_events))
+        self.outbox = outbox
 
     @property
     def detached_overflows(self) -> int:
@@ -66,7 +83,8 @@ class Attachment:
             self.detach(ws)
 
         outbox = Outbox(ws, self.config, on_overflow=lambda: self._overflow(ws), on_gone=gone)
-        self.socket, self.outbox = ws, outbox
+        self.socket = ws
+        self._set_outbox(outbox)
         return outbox
 
     async def settled(self) -> None:
@@ -84,24 +102,16 @@ class Attachment:
     def sink(self, item: Any) -> None:
         """The shell's sink: what the protocol object hands its transport (never waits: puts are queued)."""
         if isinstance(item, WireText):  # most items: checked first
-            self.send(item)
+            outbox, seq = self.outbox, item.seq
+            if self.socket is None or outbox is None or (seq is not None and seq <= self.sent_through):
+                return  # detached (the journal keeps it) or already replayed on this socket
+            # False: overflow (the session's policy ran) or the client left
+            if outbox.put(item.text) and seq is not None:
+                self.sent_through = seq
         elif isinstance(item, CloseTransport):
             self.close_code = item.code
             self.close_reason = item.reason
             self.close_label = item.label or item.reason
-
-    def send(self, item: WireText) -> None:
-        outbox = self.outbox
-        if self.socket is None or outbox is None or (item.seq is not None and item.seq <= self.sent_through):
-            return  # detached (the journal keeps it) or already replayed on this socket
-        if not outbox.put(item.text):
-            return  # overflow (the session's policy ran) or the client left
-        if outbox.peak_bytes > self.peak_outbound_bytes:
-            self.peak_outbound_bytes = outbox.peak_bytes
-        if outbox.peak_events > self.peak_outbound_events:
-            self.peak_outbound_events = outbox.peak_events
-        if item.seq is not None:
-            self.sent_through = item.seq
 
     def _overflow(self, ws: WebSocket) -> None:
         if self.socket is not ws:
@@ -121,7 +131,7 @@ class Attachment:
         if self.socket is not ws:
             return  # a superseded socket going away changes nothing
         self.socket = None
-        self.outbox = None
+        self._set_outbox(None)
         if self.protocol.resumable:
             # Set at once, on the loop: a resume arriving before the shell's next turn sees the session detached.
             self.protocol.detach(time.monotonic())
@@ -141,7 +151,8 @@ class Attachment:
 
     async def finish(self) -> None:
         """The session has ended: close the current socket (after the queued events) and wait for every close."""
-        outbox, self.socket, self.outbox = self.outbox, None, None
+        outbox, self.socket = self.outbox, None
+        self._set_outbox(None)
         if outbox is not None:
             if outbox.overflowed and not outbox.gone and self.fail_on_overflow:
                 outbox.discard()

@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
+from ..shell.turn_end import turn_end
 from ..trace.tap import Trace, traced
 from .acks import AckWatch, unacked_bytes
 from .config import ServerConfig
@@ -29,10 +30,6 @@ thousands of small strings that spread over the allocator's arenas, and the odd 
 keeps those arenas from the OS after the session has ended."""
 BACKLOG_BYTES = 64 << 10
 """The most UTF-8 one backlog holds."""
-
-
-def _text_size(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode())
 
 
 class _Backlog:
@@ -97,8 +94,9 @@ class Outbox:
         self._progress = 0
         self._direct = protocol_for(websocket)
         self._trace = traced(websocket) if self._direct is not None else None  # (the ASGI tap sees the other path)
-        self._flush_at: asyncio.Handle | None = None
+        self._flush_due = False
         self._loop = asyncio.get_running_loop()
+        self._turn_end = turn_end(self._loop)
         self._task = asyncio.create_task(self._write())
         # Our protocol's socket: a peer that acknowledges nothing for the stall timeout while bytes wait has stopped
         # reading, whether or not the kernel's send buffer is full yet.
@@ -119,43 +117,44 @@ class Outbox:
         error after a discard."""
         if self.gone or self._closing is not None or (self.overflowed and not force):
             return False
-        size = _text_size(text)
+        size = len(text) if text.isascii() else len(text.encode())  # its UTF-8 bytes
+        events, queued = self._events - self._forced_events, self.queued_bytes - self._forced_bytes  # the bounded
         if force:
             self._forced_bytes += size
             self._forced_events += 1
-        else:
-            events, queued = self._events - self._forced_events, self.queued_bytes - self._forced_bytes
-            if events and (events >= self.max_events or queued + size > self.max_bytes):
-                self.overflowed = True
-                self._on_overflow()
-                return False
+        elif events and (events >= self.max_events or queued + size > self.max_bytes):
+            self.overflowed = True
+            self._on_overflow()
+            return False
         queue = self._queue
         if len(queue) >= BACKLOG_AFTER and not force and self._direct is not None:
-            item, n, events, forced = queue[-1]
+            item, n, held, forced = queue[-1]
             if type(item) is _Backlog and not forced and n + size <= BACKLOG_BYTES:
                 queue.pop()
             else:
-                item, n, events = _Backlog(), 0, 0
+                item, n, held = _Backlog(), 0, 0
             item.add(text)
-            queue.append((item, n + size, events + 1, False))
+            queue.append((item, n + size, held + 1, False))
         else:
             queue.append((text, size, 1, force))
         self._events += 1
         self.queued_bytes += size
-        if self.queued_bytes - self._forced_bytes > self.peak_bytes:
-            self.peak_bytes = self.queued_bytes - self._forced_bytes
-        if self._events - self._forced_events > self.peak_events:
-            self.peak_events = self._events - self._forced_events
+        if not force:  # a forced event leaves what counts against the bounds, and so the peaks, as they were
+            if queued + size > self.peak_bytes:
+                self.peak_bytes = queued + size
+            if events >= self.peak_events:
+                self.peak_events = events + 1
         if self._direct is None:
             self._wake.set()
-        elif self._flush_at is None:
+        elif not self._flush_due:
             # Written once this loop iteration's callbacks have run: a position's events queue together and go out
             # in one write, without waking the writer task (which only waits out a full transport buffer).
-            self._flush_at = self._loop.call_soon(self._flush)
+            self._flush_due = True
+            self._turn_end.call(self._flush)
         return True
 
     def _flush(self) -> None:
-        self._flush_at = None
+        self._flush_due = False
         direct = self._direct
         if self.gone or self._task.done() or direct is None:
             return
@@ -315,7 +314,12 @@ class Outbox:
             for text in texts:
                 trace.server_event(text if type(text) is str else text.decode())
         direct.write_texts(texts)
-        for _ in range(entries):
-            self._count(self._queue.popleft(), -1)
+        queue = self._queue
+        if entries == len(queue) and not self._forced_events:  # all of it (most writes): nothing left to count
+            queue.clear()
+            self.queued_bytes = self._events = 0
+        else:
+            for _ in range(entries):
+                self._count(queue.popleft(), -1)
         self._progress += 1
         self.sent_events += len(texts)

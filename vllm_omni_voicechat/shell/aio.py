@@ -38,6 +38,7 @@ from ..session.events import (
 from ..synth.port import Synthesizer
 from ..wire.limits import message_bytes
 from .driving import Driven, Refusals
+from .turn_end import TurnEnd, turn_end
 
 Sink = Callable[[Any], Awaitable[None] | None]
 
@@ -261,6 +262,8 @@ class SessionShell:
         """The loop :meth:`run` runs on, kept: Python 3.11's ``asyncio.get_running_loop()`` makes a ``getpid``
         syscall (~2.6 a position)."""
         self._direct_slice_end: float | None = None
+        self._direct_turn = -1  # the loop's turn (TurnEnd.mark) whose slice _direct_slice_end ends
+        self._turn_end: TurnEnd | None = None
         """The slice that frames handled in the reader's call share while the loop waits (None: none started)."""
 
     # --- inputs -----------------------------------------------------------------------------------------
@@ -353,6 +356,7 @@ class SessionShell:
         # 40-65 ms late at 300 sessions), and the slice keeps any session from holding the others up.
         slice_end: float | None = None  # while inline steps run back to back: when they must yield
         self._loop = asyncio.get_running_loop()
+        self._turn_end = turn_end(self._loop)
         try:
             while not self.core.closed:
                 tick = self._carried  # a position the offering call started and left to the loop
@@ -429,15 +433,12 @@ class SessionShell:
             return False
         if self.core.closed:
             return False
-        end = self._direct_slice_end
-        if end is None:
+        turn = self._turn_end.mark()  # type: ignore[union-attr]  # run() set it
+        if turn != self._direct_turn:  # the first frame handled so in this turn: a slice starts (one turn at most)
+            self._direct_turn = turn
             self._direct_slice_end = self._clock() + self.backlog_slice_s
-            self._loop.call_soon(self._end_direct_slice)  # type: ignore[union-attr]  # one turn at most
             return True
-        return self._clock() < end
-
-    def _end_direct_slice(self) -> None:
-        self._direct_slice_end = None
+        return self._clock() < self._direct_slice_end  # type: ignore[operator]
 
     def _direct(self, message: str | bytes) -> None:
         """Handle a client frame in the call that offers it, while the loop waits for one: what the loop would do
@@ -446,6 +447,7 @@ class SessionShell:
         outputs with an effect (or for an async sink), a position beyond the slice, what the sink queued (a
         disconnect, a wake-up), the session's end, an error raised."""
         inbox = self._inbox
+        queued = inbox._items  # what the sink queued meanwhile (read here as the inbox's own empty() would)
         try:
             now = self._clock()
             outputs = self.core.receive(message, now, now)
@@ -453,7 +455,7 @@ class SessionShell:
                 if outputs and not self._published(outputs):
                     inbox.put_nowait(_Dispatch(outputs))  # the loop dispatches them, then polls
                     return
-                if self.core.closed or not inbox.empty():
+                if self.core.closed or queued:
                     break
                 tick = self.core.poll(self._clock())
                 position = tick.position
@@ -462,12 +464,12 @@ class SessionShell:
                     if not published:
                         inbox.put_nowait(_Dispatch(tick.outputs))
                         return
-                    if self.core.closed or not inbox.empty():
+                    if self.core.closed or queued:
                         break
                     inbox.retarget(self._loop_deadline(tick.wake_at))  # the loop's wait goes on to the new deadline
                     return
                 end = self._direct_slice_end  # _direct_ok started it
-                if not published or not inbox.empty() or self._clock() >= end:  # type: ignore[operator]
+                if not published or queued or self._clock() >= end:  # type: ignore[operator]
                     self._carried = tick if not published else Tick([], position, tick.wake_at)
                     break
                 self.positions += 1
