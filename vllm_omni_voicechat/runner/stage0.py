@@ -176,16 +176,10 @@ class Stage0Runner:
         self.check_guard()
         due = now if due is None else due
         synthetic = kind.synthetic if input_audio is None else not input_audio
-        position = Position(
-            index=self.positions_run,
-            kind=kind,
-            input=PositionInput(pcm=pcm, controls=controls, synthetic=synthetic, ready=due, arrived=arrived),
-            transport_frame=transport_frame,
-            due=due,
-            started=now,
-            arrived=arrived,
-            input_audio=not synthetic,
-        )
+        # Records made every position are built positionally, in field order: a keyword argument costs ~35 ns on
+        # CPython 3.11 (tests assert every field).
+        position = Position(self.positions_run, kind, PositionInput(pcm, controls, synthetic, due, arrived),
+                            transport_frame, due, now, arrived, not synthetic)
         self.positions_run += 1
         self.in_flight = position
         # Silence stays on its own grid (no drift); any other position re-anchors the grid where it starts.
@@ -205,15 +199,15 @@ class Stage0Runner:
         if late_ms is None:
             late_ms = max(0.0, (position.started - position.late_from) * 1000.0)
         held_ms = timings.held_ms if timings is not None else 0.0
-        return StepMetrics(
-            frame=position.index,
-            transport_frame=position.transport_frame,
-            kind=position.kind,
-            inference_ms=timings.inference_ms if timings is not None else 0.0,
-            server_step_ms=step_ms,
-            late_ms=late_ms,
-            budget_ms=BUDGET_MS,
-            over_budget=step_ms - held_ms > BUDGET_MS,
-            input_audio=position.input_audio,
-            held_ms=held_ms,
+        return StepMetrics(  # positionally, in field order (see begin)
+            position.index,
+            position.transport_frame,
+            position.kind,
+            timings.inference_ms if timings is not None else 0.0,
+            step_ms,  # server_step_ms
+            late_ms,
+            BUDGET_MS,
+            step_ms - held_ms > BUDGET_MS,  # over_budget
+            position.input_audio,
+            held_ms,
         )

@@ -190,20 +190,20 @@ class Conversation:
         if m.kind is PositionKind.SETTLEMENT:
             turn_state["settlement_input_source"] = "queued_microphone_audio" if m.input_audio else "zero"
         self._emit(
-            PositionMetrics(
-                frame=m.frame,
-                transport_frame=m.transport_frame,
-                kind=m.kind._value_,
-                inference_ms=round(m.inference_ms * 1000.0) / 1000.0,
-                server_step_ms=round(m.server_step_ms * 1000.0) / 1000.0,
-                budget_ms=m.budget_ms,
-                over_budget=m.over_budget,
-                input_audio=m.input_audio,
-                output_audio=bool(result.audio),
-                audio_delivered=delivered and bool(result.audio),
-                turn_id=turn.turn_id if (turn := self.lifecycle.turn) else (response.turn_id if response else None),
-                response_id=response.response_id if response else None,
-                turn_state=turn_state,
+            PositionMetrics(  # positionally, in field order: every position (a keyword costs ~35 ns on 3.11)
+                m.frame,
+                m.transport_frame,
+                m.kind._value_,
+                round(m.inference_ms * 1000.0) / 1000.0,
+                round(m.server_step_ms * 1000.0) / 1000.0,
+                m.budget_ms,
+                m.over_budget,
+                m.input_audio,
+                bool(result.audio),  # output_audio
+                delivered and bool(result.audio),  # audio_delivered
+                turn.turn_id if (turn := self.lifecycle.turn) else (response.turn_id if response else None),
+                response.response_id if response else None,
+                turn_state,
             )
         )
 
