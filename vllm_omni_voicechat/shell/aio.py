@@ -262,9 +262,10 @@ class SessionShell:
         """The loop :meth:`run` runs on, kept: Python 3.11's ``asyncio.get_running_loop()`` makes a ``getpid``
         syscall (~2.6 a position)."""
         self._direct_slice_end: float | None = None
-        self._direct_turn = -1  # the loop's turn (TurnEnd.mark) whose slice _direct_slice_end ends
-        self._turn_end: TurnEnd | None = None
         """The slice that frames handled in the reader's call share while the loop waits (None: none started)."""
+        self._direct_turn = -1
+        """The loop's turn (``TurnEnd.mark``) that slice belongs to: a later turn starts a new one."""
+        self._turn_end: TurnEnd | None = None  # the loop's end-of-turn batch, once run() knows the loop
 
     # --- inputs -----------------------------------------------------------------------------------------
 
