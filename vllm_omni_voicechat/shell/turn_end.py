@@ -37,8 +37,7 @@ class TurnEnd:
     def mark(self) -> int:
         """The current turn's number; it changes once this turn is over (a callback is due then)."""
         if not self._callbacks:
-            self._loop.call_soon(self._run)
-            self._callbacks.append(_nothing)
+            self.call(_nothing)  # a batch due, so that the number moves on
         return self.turns
 
     def _run(self) -> None:
